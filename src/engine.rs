@@ -1,0 +1,476 @@
+//! The machinery shared by the token bucket, the leaky bucket and the
+//! funnel: a lock-free [`Cell`] for decisions that need not wait, a
+//! [`Queue`] of waiters behind a mutex for those that do, and something to
+//! wake the waiters on time — a background actor (one timer for the whole
+//! queue) or, for the task-less funnel, each waiter's own timer.
+//!
+//! The three limiters differ only in their [`Release`] rule (tokens: a
+//! waiter proceeds once the bucket is back within capacity; water: once the
+//! water ahead of it has drained, and a request that does not fit
+//! overflows) and in whether they spawn an actor.
+//!
+//! Lock order: the queue lock, then the cell (which is lock-free). The
+//! uncontended fast paths never take the lock.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::{Instant, Sleep};
+use tracing::Instrument;
+
+use crate::algorithm::{Params, Release};
+use crate::cell::{Cell, Reserve};
+use crate::queue::{Queue, State};
+use crate::{AcquireError, ConfigError, Rate, TryAcquireError, clock};
+
+/// Which limiter an engine serves (for tracing and `Debug`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    TokenBucket,
+    LeakyBucket,
+    Funnel,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::TokenBucket => "token_bucket",
+            Kind::LeakyBucket => "leaky_bucket",
+            Kind::Funnel => "funnel",
+        }
+    }
+}
+
+/// One bucket: decisions, waiters, and the link to its actor.
+pub(crate) struct Engine {
+    cell: Cell,
+    queue: Mutex<Queue>,
+    release: Release,
+    kind: Kind,
+    /// Wakes the actor; `None` when waiters arm their own timers.
+    actor: Option<Arc<Notify>>,
+}
+
+/// How an engine's first `tat` is set.
+pub(crate) struct Setup {
+    pub(crate) kind: Kind,
+    pub(crate) rate: Rate,
+    pub(crate) params: Params,
+    /// The initial tat in scaled units (0: empty of water / full of tokens).
+    pub(crate) tat: u128,
+    pub(crate) release: Release,
+    pub(crate) spawn_actor: bool,
+}
+
+impl Engine {
+    /// Builds the engine and, if asked, spawns its actor on the current
+    /// runtime.
+    pub(crate) fn start(setup: Setup) -> Result<Arc<Engine>, ConfigError> {
+        let runtime = if setup.spawn_actor {
+            Some(tokio::runtime::Handle::try_current().map_err(|_| ConfigError::NoRuntime)?)
+        } else {
+            None
+        };
+        let notify = runtime.as_ref().map(|_| Arc::new(Notify::new()));
+        let engine = Arc::new(Engine {
+            cell: Cell::new(setup.params, setup.tat, clock::now()),
+            queue: Mutex::new(Queue::new(setup.rate)),
+            release: setup.release,
+            kind: setup.kind,
+            actor: notify.clone(),
+        });
+        if let (Some(runtime), Some(notify)) = (runtime, notify) {
+            let span = tracing::debug_span!(
+                "actor",
+                limiter = setup.kind.name(),
+                rate = %setup.rate,
+                capacity = setup.params.capacity(),
+            );
+            runtime.spawn(actor(Arc::downgrade(&engine), notify).instrument(span));
+        }
+        Ok(engine)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        // A panic under the lock leaves the queue consistent (every update
+        // is a single step), so a poisoned lock is still usable.
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn capacity(&self) -> u32 {
+        self.cell.capacity()
+    }
+
+    pub(crate) fn rate(&self) -> Rate {
+        self.lock().rate
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.cell.is_closed()
+    }
+
+    /// Whole tokens / units of free room at this instant.
+    pub(crate) fn available(&self) -> u32 {
+        let now = self.cell.now_nanos();
+        let s = self.cell.snapshot();
+        s.params.available(s.tat(), s.params.scale_nanos(now))
+    }
+
+    /// Units of water (poured and reserved, not yet drained), rounded up.
+    pub(crate) fn level(&self) -> u32 {
+        let now = self.cell.now_nanos();
+        let s = self.cell.snapshot();
+        s.params.level(s.tat(), s.params.scale_nanos(now))
+    }
+
+    /// Waiters that have not proceeded yet.
+    pub(crate) fn waiting(&self) -> usize {
+        self.lock().pending()
+    }
+
+    /// The meter: `n` permits now or a refusal with the exact wait.
+    pub(crate) fn try_acquire(&self, n: u32) -> Result<(), TryAcquireError> {
+        if n > self.capacity() {
+            return Err(if self.is_closed() {
+                TryAcquireError::Closed
+            } else {
+                TryAcquireError::InsufficientCapacity
+            });
+        }
+        if n == 0 {
+            return if self.is_closed() {
+                Err(TryAcquireError::Closed)
+            } else {
+                Ok(())
+            };
+        }
+        match self.cell.try_pour(self.cell.now_nanos(), n) {
+            Ok(()) => {
+                tracing::trace!(limiter = self.kind.name(), n, "granted");
+                Ok(())
+            }
+            Err(Some(retry_after)) => {
+                tracing::trace!(limiter = self.kind.name(), n, ?retry_after, "limited");
+                Err(TryAcquireError::Limited { retry_after })
+            }
+            Err(None) => Err(TryAcquireError::Closed),
+        }
+    }
+
+    /// Waits for `n` permits, in turn; `max_wait` bounds the wait (`None`:
+    /// no bound). Fails at once when the turn would come too late.
+    pub(crate) async fn acquire(
+        &self,
+        n: u32,
+        max_wait: Option<Duration>,
+    ) -> Result<(), AcquireError> {
+        let id = match self.enqueue(n, max_wait) {
+            Ok(Some(id)) => id,
+            Ok(None) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let waiter = Waiter {
+            engine: self,
+            id,
+            done: false,
+            sleep: None,
+        };
+        // The turn was within `max_wait` when it was reserved; a later
+        // `set_rate` may push it out, so the deadline still stands.
+        match max_wait.and_then(|wait| clock::now().checked_add(wait)) {
+            Some(deadline) => tokio::time::timeout_at(deadline, waiter)
+                .await
+                .unwrap_or(Err(AcquireError::Timeout)),
+            None => waiter.await,
+        }
+    }
+
+    /// Reserves `n` permits: `Ok(None)` when the caller may proceed at once,
+    /// `Ok(Some(id))` when it must wait in the queue.
+    fn enqueue(&self, n: u32, max_wait: Option<Duration>) -> Result<Option<u64>, AcquireError> {
+        if self.is_closed() {
+            return Err(AcquireError::Closed);
+        }
+        if n > self.capacity() {
+            return Err(AcquireError::InsufficientCapacity);
+        }
+        if n == 0 {
+            return Ok(None);
+        }
+        let max_wait = max_wait.map(|d| d.as_nanos());
+        let now = self.cell.now_nanos();
+        // Fast path, lock-free: proceed at once or fail at once.
+        match self.cell.reserve(now, n, self.release, max_wait, false) {
+            Reserve::WouldWait => {}
+            outcome => return self.settle(n, outcome).map(|()| None),
+        }
+        // Slow path: reserve under the lock, so that queue order is
+        // reservation order.
+        let mut queue = self.lock();
+        let outcome = self.cell.reserve(now, n, self.release, max_wait, true);
+        let Reserve::Queued(r) = outcome else {
+            drop(queue);
+            return self.settle(n, outcome).map(|()| None);
+        };
+        let (id, first) = queue.push(n, r.end);
+        drop(queue);
+        tracing::trace!(limiter = self.kind.name(), n, id, "queued");
+        if first {
+            self.wake_actor();
+        }
+        Ok(Some(id))
+    }
+
+    /// Turns a decision that needs no queue into the caller's answer.
+    fn settle(&self, n: u32, outcome: Reserve) -> Result<(), AcquireError> {
+        match outcome {
+            Reserve::Ready => {
+                tracing::trace!(limiter = self.kind.name(), n, "granted");
+                Ok(())
+            }
+            Reserve::Overflow => {
+                tracing::debug!(limiter = self.kind.name(), n, "overflow: request discarded");
+                Err(AcquireError::Overflow)
+            }
+            Reserve::TooLong => Err(AcquireError::Timeout),
+            Reserve::Closed => Err(AcquireError::Closed),
+            Reserve::WouldWait | Reserve::Queued(_) => {
+                unreachable!("queued reservations are handled by the caller")
+            }
+        }
+    }
+
+    /// Polls waiter `id`: its answer, or (still pending) the instant of its
+    /// turn, for waiters that keep their own timer.
+    fn poll_waiter(&self, id: u64, waker: &Waker) -> Result<Result<(), AcquireError>, Instant> {
+        let mut wakers = Vec::new();
+        let outcome = {
+            let mut queue = self.lock();
+            let s = self.cell.snapshot();
+            match queue.observe(id, &s.params, self.release, waker) {
+                Ok(state) => Ok(state),
+                Err(ready) => {
+                    let now = s.params.scale_nanos(self.cell.now_nanos());
+                    if ready <= now {
+                        // Its turn has come, whether or not the actor has run.
+                        queue.grant_due(&s.params, self.release, now, &self.cell, &mut wakers);
+                        Ok(queue
+                            .observe(id, &s.params, self.release, waker)
+                            .unwrap_or(State::Pending))
+                    } else {
+                        Err(self.cell.instant_at(&s.params, ready))
+                    }
+                }
+            }
+        };
+        wake_all(wakers);
+        match outcome {
+            Ok(State::Granted) => {
+                tracing::trace!(limiter = self.kind.name(), id, "granted after waiting");
+                Ok(Ok(()))
+            }
+            Ok(State::Closed) => Ok(Err(AcquireError::Closed)),
+            Ok(State::Pending) => Err(clock::now()),
+            Err(at) => Err(at),
+        }
+    }
+
+    /// Waiter `id` gave up: give back its reservation.
+    fn cancel(&self, id: u64) {
+        let mut wakers = Vec::new();
+        {
+            let mut queue = self.lock();
+            let s = self.cell.snapshot();
+            let now = s.params.scale_nanos(self.cell.now_nanos());
+            let refund = queue.cancel(id, &s.params, now);
+            if refund == 0 {
+                return;
+            }
+            self.cell.refund(refund);
+            tracing::trace!(
+                limiter = self.kind.name(),
+                id,
+                "cancelled, reservation returned"
+            );
+            // Everyone behind moved forward: some may be due now, and the
+            // timer (the actor's, or each waiter's own) must be re-armed.
+            queue.grant_due(&s.params, self.release, now, &self.cell, &mut wakers);
+            if self.actor.is_none() {
+                queue.wake_pending(&mut wakers);
+            }
+        }
+        wake_all(wakers);
+        self.wake_actor();
+    }
+
+    /// Fails every waiter and every later call with `Closed`.
+    pub(crate) fn close(&self) {
+        let mut wakers = Vec::new();
+        {
+            let mut queue = self.lock();
+            if queue.closed {
+                return;
+            }
+            self.cell.close();
+            queue.close(&mut wakers);
+        }
+        tracing::debug!(limiter = self.kind.name(), waiters = wakers.len(), "closed");
+        wake_all(wakers);
+        self.wake_actor();
+    }
+
+    /// Changes the rate from now on; water already in the bucket (and the
+    /// reservations of waiters) drains at the new rate.
+    pub(crate) fn set_rate(&self, rate: Rate) -> Result<(), ConfigError> {
+        let params = Params::new(rate, self.capacity())?;
+        let mut wakers = Vec::new();
+        {
+            let mut queue = self.lock();
+            let now = self.cell.now_nanos();
+            self.cell
+                .set_params(params, now, |old, new| queue.rescale(old, new, now));
+            queue.rate = rate;
+            let scaled = params.scale_nanos(now);
+            queue.grant_due(&params, self.release, scaled, &self.cell, &mut wakers);
+            if self.actor.is_none() {
+                queue.wake_pending(&mut wakers);
+            }
+        }
+        tracing::debug!(limiter = self.kind.name(), %rate, "rate changed");
+        wake_all(wakers);
+        self.wake_actor();
+        Ok(())
+    }
+
+    fn wake_actor(&self) {
+        if let Some(notify) = &self.actor {
+            notify.notify_one();
+        }
+    }
+
+    /// One round of the actor: grant what is due, and say when to look
+    /// again (`None`: when woken).
+    fn drive(&self) -> Option<Option<Instant>> {
+        let mut wakers = Vec::new();
+        let next = {
+            let mut queue = self.lock();
+            if queue.closed {
+                return None;
+            }
+            let s = self.cell.snapshot();
+            let now = s.params.scale_nanos(self.cell.now_nanos());
+            let granted = queue.grant_due(&s.params, self.release, now, &self.cell, &mut wakers);
+            if granted > 0 {
+                tracing::trace!(granted, "released waiters");
+            }
+            queue
+                .next_ready(&s.params, self.release)
+                .map(|ready| self.cell.instant_at(&s.params, ready))
+        };
+        wake_all(wakers);
+        Some(next)
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        // The actor holds only a `Weak`; this wakes it to find it gone.
+        self.wake_actor();
+    }
+}
+
+impl fmt::Debug for Engine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let queue = self.lock();
+        f.debug_struct(self.kind.name())
+            .field("rate", &queue.rate)
+            .field("capacity", &self.capacity())
+            .field("waiting", &queue.pending())
+            .field("closed", &queue.closed)
+            .finish_non_exhaustive()
+    }
+}
+
+fn wake_all(wakers: Vec<Waker>) {
+    for waker in wakers {
+        waker.wake();
+    }
+}
+
+/// The background task of an actor-backed limiter: one timer for the whole
+/// queue, armed only while someone waits. It ends when the last handle is
+/// dropped (the engine is gone) or the limiter is closed.
+async fn actor(engine: Weak<Engine>, notify: Arc<Notify>) {
+    tracing::debug!("started");
+    loop {
+        let next = match engine.upgrade() {
+            Some(engine) => engine.drive(),
+            None => None,
+        };
+        let Some(next) = next else { break };
+        match next {
+            None => notify.notified().await,
+            Some(deadline) => {
+                let sleep = std::pin::pin!(clock::sleep_until(deadline));
+                let woken = std::pin::pin!(notify.notified());
+                futures::future::select(sleep, woken).await;
+            }
+        }
+    }
+    tracing::debug!("stopped");
+}
+
+/// A queued `acquire`: resolves when its turn comes (or the limiter
+/// closes); gives its reservation back if dropped before.
+struct Waiter<'a> {
+    engine: &'a Engine,
+    id: u64,
+    done: bool,
+    /// Waiters of a limiter without an actor keep their own timer.
+    sleep: Option<Pin<Box<Sleep>>>,
+}
+
+impl Future for Waiter<'_> {
+    type Output = Result<(), AcquireError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        // Twice at most: a timer that has fired means the turn has come.
+        for _ in 0..2 {
+            match this.engine.poll_waiter(this.id, cx.waker()) {
+                Ok(result) => {
+                    this.done = true;
+                    return Poll::Ready(result);
+                }
+                Err(turn) => {
+                    if this.engine.actor.is_some() {
+                        return Poll::Pending;
+                    }
+                    let sleep = this
+                        .sleep
+                        .get_or_insert_with(|| Box::pin(clock::sleep_until(turn)));
+                    if sleep.deadline() != turn {
+                        sleep.as_mut().reset(turn);
+                    }
+                    if sleep.as_mut().poll(cx).is_pending() {
+                        return Poll::Pending;
+                    }
+                }
+            }
+        }
+        Poll::Pending
+    }
+}
+
+impl Drop for Waiter<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.engine.cancel(self.id);
+        }
+    }
+}

@@ -1,0 +1,221 @@
+//! `Funnel`: the lazy leaky-bucket meter, with no background task.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::algorithm::{Params, Release};
+use crate::engine::{Engine, Kind, Setup};
+use crate::limiter::impl_limiter;
+use crate::{AcquireError, ConfigError, Rate, TryAcquireError};
+
+/// The funnel: a leaky-bucket meter computed lazily, with no task at all.
+///
+/// The funnel holds `capacity` units and leaks at `rate`; a request for `n`
+/// units passes if it fits. It is the source material's funnel without its
+/// truncation bug: fractional leakage is kept exactly, so calling it every
+/// nanosecond leaks exactly as much as calling it once an hour. Its numbers
+/// are those of [`LeakyBucket`](crate::LeakyBucket)'s meter and of a
+/// [`TokenBucket`](crate::TokenBucket) that starts full.
+///
+/// Nothing is spawned: a funnel can be built and used outside a runtime
+/// (`try_acquire` only reads the clock). `acquire` waits in turn, FIFO
+/// like the other limiters, each waiter on its own tokio timer, so it needs
+/// a tokio runtime with the time driver when it has to wait.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use tokio_ratelimit::{Funnel, Rate, TryAcquireError};
+///
+/// // No runtime needed.
+/// let funnel = Funnel::builder().rate(Rate::per_second(2)).capacity(2).build().unwrap();
+/// assert!(funnel.try_acquire().is_ok());
+/// assert!(funnel.try_acquire().is_ok());
+/// assert!(matches!(funnel.try_acquire(), Err(TryAcquireError::Limited { .. })));
+/// ```
+#[derive(Clone)]
+pub struct Funnel {
+    engine: Arc<Engine>,
+}
+
+/// Configures a [`Funnel`]; made by [`Funnel::builder`].
+#[derive(Debug, Clone, Default)]
+pub struct Builder {
+    rate: Option<Rate>,
+    capacity: Option<u32>,
+}
+
+impl Builder {
+    /// The leak rate (required).
+    pub fn rate(&mut self, rate: Rate) -> &mut Self {
+        self.rate = Some(rate);
+        self
+    }
+
+    /// How many units the funnel holds (its burst). Defaults to the rate's
+    /// permits per period.
+    pub fn capacity(&mut self, capacity: u32) -> &mut Self {
+        self.capacity = Some(capacity);
+        self
+    }
+
+    /// Builds the (empty) funnel. Needs no runtime.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::MissingRate`], [`ConfigError::InvalidRate`],
+    /// [`ConfigError::ZeroCapacity`].
+    pub fn build(&self) -> Result<Funnel, ConfigError> {
+        let rate = self.rate.ok_or(ConfigError::MissingRate)?;
+        let params = Params::new(rate, self.capacity.unwrap_or(rate.permits()))?;
+        let engine = Engine::start(Setup {
+            kind: Kind::Funnel,
+            rate,
+            params,
+            tat: 0,
+            release: Release::Tokens,
+            spawn_actor: false,
+        })?;
+        Ok(Funnel { engine })
+    }
+}
+
+impl Funnel {
+    /// A builder; [`rate`](Builder::rate) is required.
+    pub fn builder() -> Builder {
+        Builder::default()
+    }
+
+    /// Waits until one unit fits. See [`acquire_many`](Self::acquire_many).
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_many`](Self::acquire_many).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire_many`](Self::acquire_many).
+    pub async fn acquire(&self) -> Result<(), AcquireError> {
+        self.engine.acquire(1, None).await
+    }
+
+    /// Waits until `n` units fit — exactly the `retry_after` that
+    /// [`try_acquire_many`](Self::try_acquire_many) would report, after the
+    /// callers already waiting — and pours them. `n = 0` succeeds at once.
+    ///
+    /// # Errors
+    ///
+    /// [`AcquireError::InsufficientCapacity`] at once when `n` exceeds the
+    /// capacity; [`AcquireError::Closed`], before or while waiting.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future before it resolves spends nothing: what it had
+    /// reserved is given back and the callers behind it move up.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokio::time::Instant;
+    /// use tokio_ratelimit::{Funnel, Rate};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let funnel = Funnel::builder().rate(Rate::per_second(4)).capacity(1).build().unwrap();
+    /// let start = Instant::now();
+    /// for _ in 0..3 {
+    ///     funnel.acquire().await.unwrap();
+    /// }
+    /// assert_eq!(start.elapsed(), Duration::from_millis(500));
+    /// # }
+    /// ```
+    pub async fn acquire_many(&self, n: u32) -> Result<(), AcquireError> {
+        self.engine.acquire(n, None).await
+    }
+
+    /// Waits until `n` units fit, but no longer than `timeout`: fails at
+    /// once when they cannot fit within it. `Duration::MAX` never times
+    /// out.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_many`](Self::acquire_many), and
+    /// [`AcquireError::Timeout`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire_many`](Self::acquire_many).
+    pub async fn acquire_timeout(&self, n: u32, timeout: Duration) -> Result<(), AcquireError> {
+        self.engine.acquire(n, Some(timeout)).await
+    }
+
+    /// Pours one unit if it fits now.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_acquire_many`](Self::try_acquire_many).
+    pub fn try_acquire(&self) -> Result<(), TryAcquireError> {
+        self.engine.try_acquire(1)
+    }
+
+    /// Pours `n` units if they fit now (lock-free).
+    ///
+    /// # Errors
+    ///
+    /// [`TryAcquireError::Limited`] with the exact time until they would
+    /// fit; [`TryAcquireError::InsufficientCapacity`] when `n` exceeds the
+    /// capacity; [`TryAcquireError::Closed`].
+    pub fn try_acquire_many(&self, n: u32) -> Result<(), TryAcquireError> {
+        self.engine.try_acquire(n)
+    }
+
+    /// Changes the leak rate from now on.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::InvalidRate`]; the funnel is unchanged.
+    pub fn set_rate(&self, rate: Rate) -> Result<(), ConfigError> {
+        self.engine.set_rate(rate)
+    }
+
+    /// Closes the funnel: waiters and later calls fail with `Closed`.
+    pub fn close(&self) {
+        self.engine.close();
+    }
+
+    /// Whether [`close`](Self::close) has been called.
+    pub fn is_closed(&self) -> bool {
+        self.engine.is_closed()
+    }
+
+    /// The current leak rate.
+    pub fn rate(&self) -> Rate {
+        self.engine.rate()
+    }
+
+    /// The funnel's capacity, in units.
+    pub fn capacity(&self) -> u32 {
+        self.engine.capacity()
+    }
+
+    /// Units of water in the funnel now, rounded up.
+    pub fn level(&self) -> u32 {
+        self.engine.level()
+    }
+
+    /// Units that could be poured now.
+    pub fn free(&self) -> u32 {
+        self.engine.available()
+    }
+}
+
+impl fmt::Debug for Funnel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.engine.fmt(f)
+    }
+}
+
+impl_limiter!(Funnel);

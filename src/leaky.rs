@@ -1,0 +1,237 @@
+//! `LeakyBucket`: a bucket of `capacity` units that drains at a fixed rate,
+//! as a meter (`try_acquire`) and as a shaper (`acquire`).
+//!
+//! # Design note: the queue is shared, not an mpsc channel
+//!
+//! The design sketch has the actor own a bounded mpsc queue of requests.
+//! Here the queue is a `VecDeque` behind a mutex that the actor shares with
+//! the handles, bounded by the bucket itself (each queued request holds at
+//! least one unit of water, so at most `capacity` wait). The reason is
+//! cancellation: a request dropped while it waits must give its water back
+//! *at once* and move everyone behind it forward, and a request sitting in
+//! a channel cannot be reached from its future's `Drop`. With the shared
+//! queue a `try_acquire` right after a drop already sees the room, which a
+//! channel (where the actor learns of the drop only when it reaches it)
+//! cannot offer.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::algorithm::{Params, Release};
+use crate::engine::{Engine, Kind, Setup};
+use crate::limiter::impl_limiter;
+use crate::{AcquireError, ConfigError, Rate, TryAcquireError};
+
+/// A leaky bucket: holds up to `capacity` units of water and drains at
+/// `rate`, as a meter and as a shaper over one shared water level.
+///
+/// * **Meter** — [`try_acquire_many(n)`](Self::try_acquire_many): if the
+///   bucket has room for `n` units, pour them and proceed at once; else
+///   `Limited { retry_after }`, exactly when they would fit.
+/// * **Shaper** — [`acquire_many(n)`](Self::acquire_many): pour `n` units
+///   (or fail at once with `Overflow` when they do not fit: overflow is
+///   discarded, never parked) and resolve when the water ahead of them has
+///   drained. A request into an idle bucket proceeds at once, the next one
+///   `1/rate` later, and so on: output is smoothed to the rate, with no
+///   burst after idle.
+///
+/// A cheap handle (one `Arc`) over a background actor that releases the
+/// shaped requests on time, spawned on the runtime that builds the bucket;
+/// it ends when the last handle is dropped.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use tokio::time::Instant;
+/// use tokio_ratelimit::{AcquireError, LeakyBucket, Rate};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let bucket = LeakyBucket::builder().rate(Rate::per_second(10)).capacity(3).build()?;
+/// let start = Instant::now();
+/// bucket.acquire().await?; // into an idle bucket: at once
+/// bucket.acquire().await?; // then one per 100 ms
+/// assert_eq!(start.elapsed(), Duration::from_millis(100));
+/// bucket.try_acquire_many(2)?; // the meter fills the rest of the bucket
+/// assert_eq!(bucket.acquire().await, Err(AcquireError::Overflow));
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct LeakyBucket {
+    engine: Arc<Engine>,
+}
+
+/// Configures a [`LeakyBucket`]; made by [`LeakyBucket::builder`].
+#[derive(Debug, Clone, Default)]
+pub struct Builder {
+    rate: Option<Rate>,
+    capacity: Option<u32>,
+}
+
+impl Builder {
+    /// The leak rate (required).
+    pub fn rate(&mut self, rate: Rate) -> &mut Self {
+        self.rate = Some(rate);
+        self
+    }
+
+    /// How many units the bucket holds. Defaults to the rate's permits per
+    /// period.
+    pub fn capacity(&mut self, capacity: u32) -> &mut Self {
+        self.capacity = Some(capacity);
+        self
+    }
+
+    /// Builds the (empty) bucket and spawns its actor on the current
+    /// runtime.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::MissingRate`], [`ConfigError::InvalidRate`],
+    /// [`ConfigError::ZeroCapacity`], and [`ConfigError::NoRuntime`]
+    /// outside a tokio runtime.
+    pub fn build(&self) -> Result<LeakyBucket, ConfigError> {
+        let rate = self.rate.ok_or(ConfigError::MissingRate)?;
+        let params = Params::new(rate, self.capacity.unwrap_or(rate.permits()))?;
+        let engine = Engine::start(Setup {
+            kind: Kind::LeakyBucket,
+            rate,
+            params,
+            tat: 0,
+            release: Release::Water,
+            spawn_actor: true,
+        })?;
+        Ok(LeakyBucket { engine })
+    }
+}
+
+impl LeakyBucket {
+    /// A builder; [`rate`](Builder::rate) is required.
+    pub fn builder() -> Builder {
+        Builder::default()
+    }
+
+    /// Pours one unit and waits for it to come out. See
+    /// [`acquire_many`](Self::acquire_many).
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_many`](Self::acquire_many).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire_many`](Self::acquire_many).
+    pub async fn acquire(&self) -> Result<(), AcquireError> {
+        self.engine.acquire(1, None).await
+    }
+
+    /// The shaper: pours `n` units and resolves when the water ahead of
+    /// them has drained. `n = 0` succeeds at once.
+    ///
+    /// # Errors
+    ///
+    /// [`AcquireError::Overflow`] at once when the bucket has no room for
+    /// `n` units now (nothing is poured);
+    /// [`AcquireError::InsufficientCapacity`] when `n` exceeds the capacity;
+    /// [`AcquireError::Closed`], before or while waiting.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future before it resolves takes its water back out of
+    /// the bucket: the requests behind it move forward and nothing is
+    /// consumed.
+    pub async fn acquire_many(&self, n: u32) -> Result<(), AcquireError> {
+        self.engine.acquire(n, None).await
+    }
+
+    /// The shaper with a bound on the wait: fails at once with `Timeout`
+    /// (pouring nothing) when the water ahead would take longer than
+    /// `timeout` to drain. `Duration::MAX` never times out.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_many`](Self::acquire_many), and
+    /// [`AcquireError::Timeout`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire_many`](Self::acquire_many).
+    pub async fn acquire_timeout(&self, n: u32, timeout: Duration) -> Result<(), AcquireError> {
+        self.engine.acquire(n, Some(timeout)).await
+    }
+
+    /// The meter for one unit. See
+    /// [`try_acquire_many`](Self::try_acquire_many).
+    ///
+    /// # Errors
+    ///
+    /// As [`try_acquire_many`](Self::try_acquire_many).
+    pub fn try_acquire(&self) -> Result<(), TryAcquireError> {
+        self.engine.try_acquire(1)
+    }
+
+    /// The meter: if the bucket has room for `n` units now, pours them and
+    /// returns; the caller proceeds at once.
+    ///
+    /// # Errors
+    ///
+    /// [`TryAcquireError::Limited`] with the exact time until `n` units
+    /// would fit; [`TryAcquireError::InsufficientCapacity`] when `n` exceeds
+    /// the capacity; [`TryAcquireError::Closed`].
+    pub fn try_acquire_many(&self, n: u32) -> Result<(), TryAcquireError> {
+        self.engine.try_acquire(n)
+    }
+
+    /// Changes the leak rate from now on; the water in the bucket drains at
+    /// the new rate.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::InvalidRate`]; the bucket is unchanged.
+    pub fn set_rate(&self, rate: Rate) -> Result<(), ConfigError> {
+        self.engine.set_rate(rate)
+    }
+
+    /// Closes the bucket: every waiter and every later call fails with
+    /// `Closed`, and the actor ends.
+    pub fn close(&self) {
+        self.engine.close();
+    }
+
+    /// Whether [`close`](Self::close) has been called.
+    pub fn is_closed(&self) -> bool {
+        self.engine.is_closed()
+    }
+
+    /// The current leak rate.
+    pub fn rate(&self) -> Rate {
+        self.engine.rate()
+    }
+
+    /// The bucket's capacity, in units.
+    pub fn capacity(&self) -> u32 {
+        self.engine.capacity()
+    }
+
+    /// Units of water in the bucket now, rounded up (including the water
+    /// of requests still waiting to come out).
+    pub fn level(&self) -> u32 {
+        self.engine.level()
+    }
+
+    /// Shaped requests waiting to come out now.
+    pub fn waiting(&self) -> usize {
+        self.engine.waiting()
+    }
+}
+
+impl fmt::Debug for LeakyBucket {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.engine.fmt(f)
+    }
+}
+
+impl_limiter!(LeakyBucket);

@@ -1,0 +1,136 @@
+//! Exact, fair, tokio-native rate limiters.
+//!
+//! `tokio-ratelimit` implements the classic algorithms — the token bucket,
+//! the leaky bucket (as a meter and as a shaper) and the funnel — as
+//! limiters that async services `.await`, exact to the nanosecond at any
+//! rate, FIFO-fair, cancel-safe, and testable in virtual time with tokio's
+//! paused clock.
+//!
+//! ```
+//! use std::time::Duration;
+//! use tokio_ratelimit::{Rate, TokenBucket, TryAcquireError};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let limiter = TokenBucket::builder().rate(Rate::per_second(100)).capacity(20).build()?;
+//! limiter.acquire().await?; // waits its turn, FIFO
+//! match limiter.try_acquire() {
+//!     Ok(()) => { /* serve the request */ }
+//!     Err(TryAcquireError::Limited { retry_after }) => { /* 429, Retry-After */ }
+//!     Err(e) => return Err(e.into()),
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Which limiter?
+//!
+//! | limiter | what it does | background task | use it for |
+//! |---|---|---|---|
+//! | [`TokenBucket`] | bursts up to `capacity`, then `rate`; waiters queue FIFO | one actor, idle when nobody waits | calls to a metered API, outbound request budgets |
+//! | [`LeakyBucket`] | `acquire`: smooths output to `rate`, no burst, overflow rejected; `try_acquire`: the meter | one actor | shaping traffic to a fixed pace, bounded queues |
+//! | [`Funnel`] | the leaky-bucket meter, computed lazily | none | admission control in request handlers (429 + `Retry-After`) |
+//!
+//! All three are the same exact arithmetic ([`algorithm`]): a funnel, a
+//! leaky bucket's meter and a token bucket that starts full admit exactly
+//! the same requests. Every limiter implements [`Limiter`], so a service can
+//! choose one from configuration and hold an `Arc<dyn Limiter>`.
+//!
+//! # Guarantees
+//!
+//! * **Never over-admits.** Through `try_acquire`, in any window of length
+//!   `T`, at most `capacity + rate × T` permits are granted, exactly.
+//!   Waiters can only be woken on tokio's 1 ms timer ticks, so grants to
+//!   waiters come in per-tick batches and the bound holds with one tick of
+//!   slack: `capacity + rate × (T + 1 ms)`.
+//! * **Never under-delivers.** The refill is computed from elapsed time in
+//!   exact rationals, so under saturating demand the long-run rate is the
+//!   configured one at any rate. Permits that fall due while a waiter
+//!   oversleeps the timer are credited to the requests right after it, not
+//!   lost to the capacity (100 000/s with a capacity of 10 delivers
+//!   100 000/s).
+//! * **Exact at the boundary.** A permit due at `t` is available at `t`
+//!   (rounded up to the nanosecond), whether or not a background task has
+//!   run; `retry_after` is exact.
+//! * **FIFO.** Waiters are served in arrival order: each reserves its turn
+//!   when it arrives, so a large request at the head is not starved by
+//!   small ones, and `try_acquire` does not jump the queue.
+//! * **Cancellation loses nothing.** Dropping an `acquire` future before it
+//!   resolves gives back what it reserved, at once; the waiters behind it
+//!   move up.
+//! * **Idle costs nothing.** A limiter nobody waits on has no timer armed.
+//! * **Clean shutdown.** An actor ends when the last handle is dropped;
+//!   `close()` fails all waiters and later calls with `Closed`.
+//!
+//! # Runtime
+//!
+//! [`TokenBucket`] and [`LeakyBucket`] spawn an actor on the tokio runtime
+//! that builds them (building outside a runtime is
+//! [`ConfigError::NoRuntime`], not a panic); they need tokio's `rt` and
+//! `time`. [`Funnel`] spawns nothing and its `try_acquire` works anywhere;
+//! its `acquire` needs tokio's timer when it has to wait.
+//!
+//! # Testing with a paused clock
+//!
+//! Every limiter reads time through `tokio::time`, so tests run in virtual
+//! time and finish in milliseconds. Use a current-thread runtime with a
+//! paused clock; an `.await` that waits lets tokio jump the clock to the
+//! next timer:
+//!
+//! ```
+//! use std::time::Duration;
+//! use tokio::time::Instant;
+//! use tokio_ratelimit::{Rate, TokenBucket};
+//!
+//! // In a test: #[tokio::test(start_paused = true)]
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() {
+//! let bucket = TokenBucket::builder().rate(Rate::per_second(2)).capacity(1).build().unwrap();
+//! let start = Instant::now();
+//! for _ in 0..5 {
+//!     bucket.acquire().await.unwrap();
+//! }
+//! assert_eq!(start.elapsed(), Duration::from_secs(2)); // no real time passed
+//! # }
+//! ```
+//!
+//! To step through states, poll futures by hand with `tokio-test`
+//! (`task::spawn`, `assert_pending!`, `assert_ready!`) and move the clock
+//! with `tokio::time::advance`. The `test-util` feature adds
+//! [`test_util`](crate::test_util): a grant log with window assertions.
+//!
+//! # Features
+//!
+//! * `test-util` — helpers for paused-clock tests of code that uses the
+//!   limiters.
+//!
+//! # Tracing
+//!
+//! Each actor runs in a `debug` span named `actor` (fields `limiter`,
+//! `rate`, `capacity`) for its lifetime. Grants, refusals and queueing are
+//! `trace` events; overflow, close and rate changes are `debug` events.
+//! With no subscriber interested, nothing is formatted.
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+pub mod algorithm;
+mod cell;
+mod clock;
+mod engine;
+mod error;
+pub mod funnel;
+pub mod leaky;
+mod limiter;
+mod queue;
+mod rate;
+#[cfg(feature = "test-util")]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
+pub mod test_util;
+pub mod token;
+
+pub use error::{AcquireError, ConfigError, TryAcquireError};
+pub use funnel::Funnel;
+pub use leaky::LeakyBucket;
+pub use limiter::Limiter;
+pub use rate::Rate;
+pub use token::TokenBucket;

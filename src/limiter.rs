@@ -1,0 +1,155 @@
+//! The one trait every limiter implements.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::{AcquireError, TryAcquireError};
+
+/// A rate limiter, whatever its algorithm.
+///
+/// The trait is dyn-compatible, so a service can pick its limiter from
+/// configuration and hold it as `Arc<dyn Limiter>` or `Box<dyn Limiter>`.
+/// Each limiter type also has the same methods inherently, returning
+/// unboxed futures; the trait's `async fn`s box theirs (`async-trait`).
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use tokio::time::Instant;
+/// use tokio_ratelimit::{Funnel, Limiter, Rate, TokenBucket};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let from_config = "token";
+/// let limiter: Arc<dyn Limiter> = match from_config {
+///     "token" => Arc::new(TokenBucket::builder().rate(Rate::per_second(10)).capacity(1).build().unwrap()),
+///     _ => Arc::new(Funnel::builder().rate(Rate::per_second(10)).capacity(1).build().unwrap()),
+/// };
+/// let start = Instant::now();
+/// limiter.acquire().await.unwrap();
+/// limiter.acquire().await.unwrap();
+/// assert_eq!(start.elapsed(), Duration::from_millis(100));
+/// assert!(limiter.try_acquire().is_err());
+/// # }
+/// ```
+#[async_trait]
+pub trait Limiter: Send + Sync {
+    /// Waits for one permit. See [`acquire_many`](Self::acquire_many).
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_many`](Self::acquire_many).
+    async fn acquire(&self) -> Result<(), AcquireError> {
+        self.acquire_many(1).await
+    }
+
+    /// Waits until `n` permits are granted, in arrival order.
+    ///
+    /// `n = 0` succeeds at once.
+    ///
+    /// # Errors
+    ///
+    /// [`AcquireError::InsufficientCapacity`] at once when `n` exceeds the
+    /// capacity; [`AcquireError::Closed`] when the limiter is closed (also
+    /// while waiting); [`AcquireError::Overflow`] from a leaky bucket that
+    /// is full.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future before it resolves gives back everything it had
+    /// reserved: nothing is consumed, and the waiters behind it move up.
+    async fn acquire_many(&self, n: u32) -> Result<(), AcquireError>;
+
+    /// Takes one permit if it is available now.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_acquire_many`](Self::try_acquire_many).
+    fn try_acquire(&self) -> Result<(), TryAcquireError> {
+        self.try_acquire_many(1)
+    }
+
+    /// Takes `n` permits if they are available now, without jumping ahead
+    /// of waiters.
+    ///
+    /// # Errors
+    ///
+    /// [`TryAcquireError::Limited`] with the exact time until the request
+    /// could succeed; [`TryAcquireError::InsufficientCapacity`] when `n`
+    /// exceeds the capacity; [`TryAcquireError::Closed`].
+    fn try_acquire_many(&self, n: u32) -> Result<(), TryAcquireError>;
+
+    /// Waits for `n` permits, but no longer than `timeout`: fails at once
+    /// with [`AcquireError::Timeout`] when they cannot be had within it.
+    /// `Duration::MAX` waits as long as it takes.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_many`](Self::acquire_many), and
+    /// [`AcquireError::Timeout`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire_many`](Self::acquire_many).
+    async fn acquire_timeout(&self, n: u32, timeout: Duration) -> Result<(), AcquireError>;
+}
+
+macro_rules! forward_limiter {
+    ($($ty:ty),*) => {$(
+        #[async_trait]
+        impl<L: Limiter + ?Sized> Limiter for $ty {
+            async fn acquire(&self) -> Result<(), AcquireError> {
+                (**self).acquire().await
+            }
+            async fn acquire_many(&self, n: u32) -> Result<(), AcquireError> {
+                (**self).acquire_many(n).await
+            }
+            fn try_acquire(&self) -> Result<(), TryAcquireError> {
+                (**self).try_acquire()
+            }
+            fn try_acquire_many(&self, n: u32) -> Result<(), TryAcquireError> {
+                (**self).try_acquire_many(n)
+            }
+            async fn acquire_timeout(&self, n: u32, timeout: Duration) -> Result<(), AcquireError> {
+                (**self).acquire_timeout(n, timeout).await
+            }
+        }
+    )*};
+}
+
+forward_limiter!(Arc<L>, Box<L>, &L);
+
+/// Implements [`Limiter`] for a handle by forwarding to its inherent
+/// methods of the same names.
+macro_rules! impl_limiter {
+    ($ty:ty) => {
+        #[async_trait::async_trait]
+        impl $crate::Limiter for $ty {
+            async fn acquire(&self) -> Result<(), $crate::AcquireError> {
+                <$ty>::acquire(self).await
+            }
+            async fn acquire_many(&self, n: u32) -> Result<(), $crate::AcquireError> {
+                <$ty>::acquire_many(self, n).await
+            }
+            fn try_acquire(&self) -> Result<(), $crate::TryAcquireError> {
+                <$ty>::try_acquire(self)
+            }
+            fn try_acquire_many(&self, n: u32) -> Result<(), $crate::TryAcquireError> {
+                <$ty>::try_acquire_many(self, n)
+            }
+            async fn acquire_timeout(
+                &self,
+                n: u32,
+                timeout: std::time::Duration,
+            ) -> Result<(), $crate::AcquireError> {
+                <$ty>::acquire_timeout(self, n, timeout).await
+            }
+        }
+    };
+}
+
+pub(crate) use impl_limiter;

@@ -1,0 +1,288 @@
+//! `TokenBucket`: tokens refill at a rate up to a capacity; callers take
+//! them, waiting in line when there are too few.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::algorithm::{Params, Release};
+use crate::engine::{Engine, Kind, Setup};
+use crate::limiter::impl_limiter;
+use crate::{AcquireError, ConfigError, Rate, TryAcquireError};
+
+/// A token bucket: `capacity` tokens, refilled continuously at `rate`.
+///
+/// A cheap handle (one `Arc`; clones share the bucket) over a background
+/// actor spawned on the tokio runtime that builds it. `try_acquire` takes
+/// tokens lock-free in one compare-and-swap; `acquire` waits in a FIFO
+/// queue, and the actor wakes each waiter when the refill covers it — one
+/// timer for the whole queue, none at all while nobody waits.
+///
+/// How many tokens are due is computed from the time elapsed, exactly (see
+/// [`crate::algorithm`]), never counted in timer ticks: 100 000/s with a
+/// capacity of 10 delivers 100 000/s even though tokio's timer only ticks
+/// every millisecond.
+///
+/// The actor ends when the last handle is dropped. [`close`](Self::close)
+/// fails every waiter and every later call with `Closed`.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use tokio::time::Instant;
+/// use tokio_ratelimit::{Rate, TokenBucket, TryAcquireError};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let bucket = TokenBucket::builder().rate(Rate::per_second(10)).capacity(2).build()?;
+/// let start = Instant::now();
+/// bucket.acquire_many(2).await?; // the bucket starts full
+/// bucket.acquire().await?; // the next token comes 100 ms later
+/// assert_eq!(start.elapsed(), Duration::from_millis(100));
+/// assert_eq!(
+///     bucket.try_acquire(),
+///     Err(TryAcquireError::Limited { retry_after: Duration::from_millis(100) })
+/// );
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct TokenBucket {
+    engine: Arc<Engine>,
+}
+
+/// Configures a [`TokenBucket`]; made by [`TokenBucket::builder`].
+#[derive(Debug, Clone, Default)]
+pub struct Builder {
+    rate: Option<Rate>,
+    capacity: Option<u32>,
+    initial: Option<u32>,
+}
+
+impl Builder {
+    /// The refill rate (required).
+    pub fn rate(&mut self, rate: Rate) -> &mut Self {
+        self.rate = Some(rate);
+        self
+    }
+
+    /// The most tokens the bucket holds: the largest burst and the largest
+    /// single request. Defaults to the rate's permits per period (100 for
+    /// `Rate::per_second(100)`).
+    pub fn capacity(&mut self, capacity: u32) -> &mut Self {
+        self.capacity = Some(capacity);
+        self
+    }
+
+    /// Tokens in the bucket when it is built. Defaults to the capacity (the
+    /// bucket starts full); 0 makes the first token arrive one interval
+    /// after building.
+    pub fn initial(&mut self, tokens: u32) -> &mut Self {
+        self.initial = Some(tokens);
+        self
+    }
+
+    /// Builds the bucket and spawns its actor on the current runtime.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::MissingRate`], [`ConfigError::InvalidRate`],
+    /// [`ConfigError::ZeroCapacity`],
+    /// [`ConfigError::InitialExceedsCapacity`], and
+    /// [`ConfigError::NoRuntime`] outside a tokio runtime.
+    pub fn build(&self) -> Result<TokenBucket, ConfigError> {
+        let rate = self.rate.ok_or(ConfigError::MissingRate)?;
+        let capacity = self.capacity.unwrap_or(rate.permits());
+        let params = Params::new(rate, capacity)?;
+        let initial = self.initial.unwrap_or(capacity);
+        if initial > capacity {
+            return Err(ConfigError::InitialExceedsCapacity { initial, capacity });
+        }
+        let engine = Engine::start(Setup {
+            kind: Kind::TokenBucket,
+            rate,
+            params,
+            tat: params.cost(capacity - initial),
+            release: Release::Tokens,
+            spawn_actor: true,
+        })?;
+        Ok(TokenBucket { engine })
+    }
+}
+
+impl TokenBucket {
+    /// A builder; [`rate`](Builder::rate) is required.
+    pub fn builder() -> Builder {
+        Builder::default()
+    }
+
+    /// Waits for one token. See [`acquire_many`](Self::acquire_many).
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_many`](Self::acquire_many).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire_many`](Self::acquire_many).
+    pub async fn acquire(&self) -> Result<(), AcquireError> {
+        self.engine.acquire(1, None).await
+    }
+
+    /// Waits until `n` tokens are the caller's, in arrival order: a large
+    /// request at the head of the line is served before smaller ones behind
+    /// it. Takes them at once when the bucket has them and nobody waits.
+    /// `n = 0` succeeds at once.
+    ///
+    /// # Errors
+    ///
+    /// [`AcquireError::InsufficientCapacity`] at once when `n` exceeds the
+    /// capacity (it could never be granted); [`AcquireError::Closed`] when
+    /// the bucket is closed, before or while waiting.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future before it resolves loses its place in line and
+    /// spends nothing: the tokens it had reserved go back to the bucket and
+    /// every waiter behind it moves up.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokio::time::Instant;
+    /// use tokio_ratelimit::{Rate, TokenBucket};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let bucket = TokenBucket::builder().rate(Rate::per_second(100)).capacity(50).initial(0).build().unwrap();
+    /// let start = Instant::now();
+    /// bucket.acquire_many(50).await.unwrap();
+    /// assert_eq!(start.elapsed(), Duration::from_millis(500));
+    /// # }
+    /// ```
+    pub async fn acquire_many(&self, n: u32) -> Result<(), AcquireError> {
+        self.engine.acquire(n, None).await
+    }
+
+    /// Waits for `n` tokens, but no longer than `timeout`. Fails at once
+    /// when the tokens (after every waiter ahead) cannot arrive within the
+    /// timeout; otherwise waits for them. `Duration::MAX` never times out.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_many`](Self::acquire_many), and
+    /// [`AcquireError::Timeout`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire_many`](Self::acquire_many).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokio_ratelimit::{AcquireError, Rate, TokenBucket};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let bucket = TokenBucket::builder().rate(Rate::per_second(10)).capacity(1).initial(0).build().unwrap();
+    /// let ms = Duration::from_millis;
+    /// assert_eq!(bucket.acquire_timeout(1, ms(99)).await, Err(AcquireError::Timeout));
+    /// assert_eq!(bucket.acquire_timeout(1, ms(100)).await, Ok(()));
+    /// # }
+    /// ```
+    pub async fn acquire_timeout(&self, n: u32, timeout: Duration) -> Result<(), AcquireError> {
+        self.engine.acquire(n, Some(timeout)).await
+    }
+
+    /// Takes one token if one is available now.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_acquire_many`](Self::try_acquire_many).
+    pub fn try_acquire(&self) -> Result<(), TryAcquireError> {
+        self.engine.try_acquire(1)
+    }
+
+    /// Takes `n` tokens if they are available now, lock-free. Tokens
+    /// reserved by waiters are not available: `try_acquire` never jumps the
+    /// line.
+    ///
+    /// # Errors
+    ///
+    /// [`TryAcquireError::Limited`] with the exact time until `n` tokens
+    /// would be there; [`TryAcquireError::InsufficientCapacity`] when `n`
+    /// exceeds the capacity; [`TryAcquireError::Closed`].
+    pub fn try_acquire_many(&self, n: u32) -> Result<(), TryAcquireError> {
+        self.engine.try_acquire(n)
+    }
+
+    /// Changes the refill rate from now on. Tokens in the bucket stay; the
+    /// shortfall, including what waiters have reserved, refills at the new
+    /// rate.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::InvalidRate`]; the bucket is unchanged.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokio::time::Instant;
+    /// use tokio_ratelimit::{Rate, TokenBucket};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let bucket = TokenBucket::builder().rate(Rate::per_second(1)).capacity(1).initial(0).build().unwrap();
+    /// bucket.set_rate(Rate::per_second(10)).unwrap();
+    /// let start = Instant::now();
+    /// bucket.acquire().await.unwrap();
+    /// assert_eq!(start.elapsed(), Duration::from_millis(100));
+    /// # }
+    /// ```
+    pub fn set_rate(&self, rate: Rate) -> Result<(), ConfigError> {
+        self.engine.set_rate(rate)
+    }
+
+    /// Closes the bucket: every waiter and every later call fails with
+    /// `Closed`, and the actor ends.
+    pub fn close(&self) {
+        self.engine.close();
+    }
+
+    /// Whether [`close`](Self::close) has been called.
+    pub fn is_closed(&self) -> bool {
+        self.engine.is_closed()
+    }
+
+    /// The current refill rate.
+    pub fn rate(&self) -> Rate {
+        self.engine.rate()
+    }
+
+    /// The bucket's capacity.
+    pub fn capacity(&self) -> u32 {
+        self.engine.capacity()
+    }
+
+    /// Whole tokens available now (0 while waiters have reserved them).
+    pub fn available(&self) -> u32 {
+        self.engine.available()
+    }
+
+    /// Callers waiting in `acquire` now.
+    pub fn waiting(&self) -> usize {
+        self.engine.waiting()
+    }
+}
+
+impl fmt::Debug for TokenBucket {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.engine.fmt(f)
+    }
+}
+
+impl_limiter!(TokenBucket);
