@@ -70,7 +70,7 @@ pub(crate) struct Setup {
 impl Engine {
     /// Builds the engine and, if asked, spawns its actor on the current
     /// runtime.
-    pub(crate) fn start(setup: Setup) -> Result<Arc<Engine>, ConfigError> {
+    pub(crate) fn start(setup: &Setup) -> Result<Arc<Engine>, ConfigError> {
         let runtime = if setup.spawn_actor {
             Some(tokio::runtime::Handle::try_current().map_err(|_| ConfigError::NoRuntime)?)
         } else {
@@ -354,13 +354,13 @@ impl Engine {
     }
 
     /// One round of the actor: grant what is due, and say when to look
-    /// again (`None`: when woken).
-    fn drive(&self) -> Option<Option<Instant>> {
+    /// again.
+    fn drive(&self) -> Drive {
         let mut wakers = Vec::new();
         let next = {
             let mut queue = self.lock();
             if queue.closed {
-                return None;
+                return Drive::Stop;
             }
             let s = self.cell.snapshot();
             let now = s.params.scale_nanos(self.cell.now_nanos());
@@ -373,8 +373,18 @@ impl Engine {
                 .map(|ready| self.cell.instant_at(&s.params, ready))
         };
         wake_all(wakers);
-        Some(next)
+        next.map_or(Drive::Idle, Drive::Until)
     }
+}
+
+/// What the actor does next.
+enum Drive {
+    /// Sleep until the first waiter's turn (or until woken).
+    Until(Instant),
+    /// Nobody waits: no timer, just wait to be woken.
+    Idle,
+    /// The limiter is closed or gone.
+    Stop,
 }
 
 impl Drop for Engine {
@@ -410,12 +420,12 @@ async fn actor(engine: Weak<Engine>, notify: Arc<Notify>) {
     loop {
         let next = match engine.upgrade() {
             Some(engine) => engine.drive(),
-            None => None,
+            None => Drive::Stop,
         };
-        let Some(next) = next else { break };
         match next {
-            None => notify.notified().await,
-            Some(deadline) => {
+            Drive::Stop => break,
+            Drive::Idle => notify.notified().await,
+            Drive::Until(deadline) => {
                 let sleep = std::pin::pin!(clock::sleep_until(deadline));
                 let woken = std::pin::pin!(notify.notified());
                 futures::future::select(sleep, woken).await;

@@ -70,7 +70,7 @@ impl Builder {
     pub fn build(&self) -> Result<Funnel, ConfigError> {
         let rate = self.rate.ok_or(ConfigError::MissingRate)?;
         let params = Params::new(rate, self.capacity.unwrap_or(rate.permits()))?;
-        let engine = Engine::start(Setup {
+        let engine = Engine::start(&Setup {
             kind: Kind::Funnel,
             rate,
             params,

@@ -96,7 +96,7 @@ impl Builder {
     pub fn build(&self) -> Result<LeakyBucket, ConfigError> {
         let rate = self.rate.ok_or(ConfigError::MissingRate)?;
         let params = Params::new(rate, self.capacity.unwrap_or(rate.permits()))?;
-        let engine = Engine::start(Setup {
+        let engine = Engine::start(&Setup {
             kind: Kind::LeakyBucket,
             rate,
             params,

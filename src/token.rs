@@ -99,7 +99,7 @@ impl Builder {
         if initial > capacity {
             return Err(ConfigError::InitialExceedsCapacity { initial, capacity });
         }
-        let engine = Engine::start(Setup {
+        let engine = Engine::start(&Setup {
             kind: Kind::TokenBucket,
             rate,
             params,

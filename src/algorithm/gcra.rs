@@ -254,6 +254,7 @@ pub(crate) fn nanos_to_duration(nanos: u128) -> Duration {
 }
 
 /// `ceil(a * b / c)` without overflow, saturating at [`MAX_TIME`].
+#[allow(clippy::cast_possible_truncation)] // limbs are split on purpose
 pub(crate) fn mul_div_ceil(a: u128, b: u64, c: u64) -> u128 {
     // The product as three 64-bit limbs, most significant first.
     let lo = (a & u128::from(u64::MAX)) * u128::from(b);
