@@ -1,0 +1,1000 @@
+//! The playground: one traffic pattern, replayed through every limiter.
+//!
+//! It sends the same requests — one every `--interval` — to each limiter
+//! in turn and shows, for each limiter, which requests pass at once, which
+//! wait (and how long), and which are refused (with the `retry_after` the
+//! limiter reports, or `Overflow` when a leaky bucket is full). Then it
+//! compares the limiters on one timeline, a character per request.
+//!
+//! Everything runs in virtual time, on a current-thread tokio runtime whose
+//! clock is paused: a replay that spans minutes takes no real time, and the
+//! output is the same on every run. Each request is issued at its own
+//! instant by the replay, whatever the requests before it are still
+//! waiting for, so waits overlap as they would in a real service.
+//!
+//! The default pattern is the source material's demo: a capacity of 2, a
+//! rate of 2 per second, one request every 200 ms, 30 requests. There,
+//! the token bucket, the leaky bucket's meter and the funnel refuse
+//! exactly the same requests (`++-+-+--+-...`): they are the same
+//! arithmetic.
+//!
+//! ```text
+//! cargo run --release --example playground
+//! cargo run --release --example playground -- --limiters token,shaper
+//! cargo run --release --example playground -- --rate 10 --capacity 5 --interval 50 --count 60
+//! cargo run --release --example playground -- --rate 0.5 --interval 1500 --count 12
+//! cargo run --release --example playground -- --rate 1000 --capacity 1 --interval 0.4 --count 40
+//! cargo run --release --example playground -- --help
+//! ```
+//!
+//! Limiters (`--limiters`, comma-separated; default: all of them):
+//!
+//! | name | call | what a request does |
+//! |---|---|---|
+//! | `token` | `TokenBucket::try_acquire` | takes a token at once, or is refused with `retry_after` |
+//! | `token-wait` | `TokenBucket::acquire` | waits its turn (FIFO); nobody is refused |
+//! | `leaky` | `LeakyBucket::try_acquire` | the meter: pours one unit if it fits, or is refused |
+//! | `shaper` | `LeakyBucket::acquire` | pours one unit and waits for the water ahead to drain; `Overflow` if full |
+//! | `funnel` | `Funnel::try_acquire` | the lazy meter, with no background task |
+//!
+//! A limiter is one entry of the [`LIMITERS`] table: a name, a line of
+//! description and a function that builds it and returns how one request
+//! goes through it. Adding a limiter is adding an entry.
+//!
+//! tokio's timer fires on 1 ms ticks, so a waiter is released on the first
+//! tick at or after its turn: with an interval that is not a whole number
+//! of milliseconds, waits end on the tick (requests themselves are issued
+//! at their exact instants).
+
+use std::collections::BTreeMap;
+use std::fmt::{self, Write as _};
+use std::future::Future;
+use std::io::Write as _;
+use std::pin::Pin;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tokio::time::{self, Instant};
+use tokio_ratelimit::{
+    AcquireError, ConfigError, Funnel, LeakyBucket, Limiter, Rate, TokenBucket, TryAcquireError,
+};
+
+// ---------------------------------------------------------------------------
+// The limiters
+// ---------------------------------------------------------------------------
+
+/// One limiter in one mode: a row of the playground.
+#[derive(Debug)]
+pub(crate) struct Entry {
+    /// The name used by `--limiters` and in the chart.
+    pub(crate) name: &'static str,
+    /// The call each request makes.
+    pub(crate) call: &'static str,
+    /// What the limiter does with a request, in a line.
+    pub(crate) about: &'static str,
+    /// Builds the limiter for a configuration (inside the replay's runtime)
+    /// and returns how one request goes through it.
+    pub(crate) build: fn(&Config) -> Result<Request, ConfigError>,
+}
+
+/// Runs one request through a limiter. Called at the request's arrival
+/// instant; the future resolves when the limiter has decided.
+pub(crate) type Request = Arc<dyn Fn() -> Decision + Send + Sync>;
+
+/// A limiter's decision on one request, still to come.
+pub(crate) type Decision = Pin<Box<dyn Future<Output = Verdict> + Send>>;
+
+/// Every limiter the playground knows, in the order it shows them.
+pub(crate) const LIMITERS: &[Entry] = &[
+    Entry {
+        name: "token",
+        call: "TokenBucket::try_acquire",
+        about: "a bucket of tokens, full at the start, refilled at the rate up to the capacity; \
+                a request takes a token at once or is refused with retry_after",
+        build: |config| Ok(try_each(token_bucket(config)?)),
+    },
+    Entry {
+        name: "token-wait",
+        call: "TokenBucket::acquire",
+        about: "the same bucket, but a request waits in line (FIFO) until a token is its own; \
+                nobody is refused, the excess waits",
+        build: |config| Ok(wait_each(token_bucket(config)?)),
+    },
+    Entry {
+        name: "leaky",
+        call: "LeakyBucket::try_acquire",
+        about: "the leaky bucket as a meter: a request pours one unit if it fits \
+                (the bucket drains at the rate), or is refused with retry_after",
+        build: |config| Ok(try_each(leaky_bucket(config)?)),
+    },
+    Entry {
+        name: "shaper",
+        call: "LeakyBucket::acquire",
+        about: "the leaky bucket as a shaper: a request pours one unit and waits for the water \
+                ahead of it to drain, so output is paced at the rate; if it does not fit it overflows",
+        build: |config| Ok(wait_each(leaky_bucket(config)?)),
+    },
+    Entry {
+        name: "funnel",
+        call: "Funnel::try_acquire",
+        about: "the lazy meter, no background task: the same numbers as the leaky meter \
+                and the full token bucket",
+        build: |config| Ok(try_each(funnel(config)?)),
+    },
+    // Any other `Limiter` fits in a few lines. Guava's smooth limiters, for
+    // instance, would take the same limit as a rate and a burst time:
+    //
+    // Entry {
+    //     name: "bursty",
+    //     call: "SmoothBursty::try_acquire",
+    //     about: "Guava's SmoothBursty: ...",
+    //     build: |config| {
+    //         let burst = Duration::from_secs_f64(f64::from(config.capacity) / config.rate);
+    //         let bursty = SmoothBursty::builder()
+    //             .permits_per_second(config.rate)
+    //             .max_burst(burst)
+    //             .build()?;
+    //         Ok(try_each(bursty))
+    //     },
+    // },
+];
+
+fn token_bucket(config: &Config) -> Result<TokenBucket, ConfigError> {
+    TokenBucket::builder()
+        .rate(config.rate())
+        .capacity(config.capacity)
+        .build()
+}
+
+fn leaky_bucket(config: &Config) -> Result<LeakyBucket, ConfigError> {
+    LeakyBucket::builder()
+        .rate(config.rate())
+        .capacity(config.capacity)
+        .build()
+}
+
+fn funnel(config: &Config) -> Result<Funnel, ConfigError> {
+    Funnel::builder()
+        .rate(config.rate())
+        .capacity(config.capacity)
+        .build()
+}
+
+/// Each request calls `try_acquire()` once: it passes now, or is refused.
+pub(crate) fn try_each<L: Limiter + 'static>(limiter: L) -> Request {
+    Arc::new(move || {
+        let verdict = Verdict::from(limiter.try_acquire());
+        Box::pin(async move { verdict })
+    })
+}
+
+/// Each request awaits `acquire()`: it passes when its turn comes, or fails.
+pub(crate) fn wait_each<L: Limiter + 'static>(limiter: L) -> Request {
+    let limiter = Arc::new(limiter);
+    Arc::new(move || {
+        let limiter = Arc::clone(&limiter);
+        Box::pin(async move { Verdict::from(limiter.acquire().await) })
+    })
+}
+
+/// What a limiter said to one request (the replay adds the timing).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// Go ahead.
+    Granted,
+    /// Not now; the same request would pass after this long.
+    Limited(Duration),
+    /// A leaky bucket is full: the request is discarded.
+    Overflow,
+    /// Any other error (none is expected in the playground).
+    Failed(String),
+}
+
+impl From<Result<(), TryAcquireError>> for Verdict {
+    fn from(result: Result<(), TryAcquireError>) -> Verdict {
+        match result {
+            Ok(()) => Verdict::Granted,
+            Err(TryAcquireError::Limited { retry_after }) => Verdict::Limited(retry_after),
+            Err(e) => Verdict::Failed(e.to_string()),
+        }
+    }
+}
+
+impl From<Result<(), AcquireError>> for Verdict {
+    fn from(result: Result<(), AcquireError>) -> Verdict {
+        match result {
+            Ok(()) => Verdict::Granted,
+            Err(AcquireError::Overflow) => Verdict::Overflow,
+            Err(e) => Verdict::Failed(e.to_string()),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Configuration and flags
+// ---------------------------------------------------------------------------
+
+/// The traffic pattern and the limit every limiter is built with.
+#[derive(Debug, Clone)]
+pub(crate) struct Config {
+    /// Permits per second.
+    pub(crate) rate: f64,
+    /// The burst: tokens in the bucket, or units of water it holds.
+    pub(crate) capacity: u32,
+    /// Time between two requests.
+    pub(crate) interval: Duration,
+    /// Number of requests.
+    pub(crate) count: u32,
+    /// The limiters to replay the traffic through, in order.
+    pub(crate) limiters: Vec<&'static Entry>,
+}
+
+impl Default for Config {
+    /// The source material's demo, through every limiter.
+    fn default() -> Config {
+        Config {
+            rate: 2.0,
+            capacity: 2,
+            interval: Duration::from_millis(200),
+            count: 30,
+            limiters: LIMITERS.iter().collect(),
+        }
+    }
+}
+
+impl Config {
+    /// The limit as a [`Rate`] (an invalid one is reported by `build()`).
+    pub(crate) fn rate(&self) -> Rate {
+        Rate::per_second_f64(self.rate)
+    }
+
+    /// When request `index` (from 0) arrives, since the start.
+    pub(crate) fn arrival(&self, index: u32) -> Duration {
+        self.interval * index
+    }
+}
+
+/// What the command line asks for.
+#[derive(Debug)]
+pub(crate) enum Command {
+    /// Replay the traffic.
+    Run(Config),
+    /// Print the usage.
+    Help,
+}
+
+/// A bad command line, as a one-line message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct UsageError(pub(crate) String);
+
+impl fmt::Display for UsageError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The most requests a replay takes.
+const MAX_COUNT: u32 = 100_000;
+/// The longest a replay's traffic may last (tokio's timer reaches ~2 years).
+const MAX_SPAN: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// Parses the flags (without the program name). `--flag value` and
+/// `--flag=value` are both accepted.
+pub(crate) fn parse_args<I>(args: I) -> Result<Command, UsageError>
+where
+    I: IntoIterator,
+    I::Item: Into<String>,
+{
+    let mut config = Config::default();
+    let mut args = args.into_iter().map(Into::into);
+    while let Some(arg) = args.next() {
+        if arg == "--help" || arg == "-h" {
+            return Ok(Command::Help);
+        }
+        let (flag, inline) = match arg.split_once('=') {
+            Some((flag, value)) if flag.starts_with("--") => {
+                (flag.to_owned(), Some(value.to_owned()))
+            }
+            _ => (arg.clone(), None),
+        };
+        if !matches!(
+            flag.as_str(),
+            "--rate" | "--capacity" | "--interval" | "--count" | "--limiters"
+        ) {
+            return Err(if flag.starts_with('-') {
+                UsageError(format!("unknown flag '{flag}'"))
+            } else {
+                UsageError(format!("unexpected argument '{arg}'"))
+            });
+        }
+        // `--rate --count 3` lacks a value too; a negative number has one dash.
+        let value = inline.or_else(|| args.next().filter(|next| !next.starts_with("--")));
+        let Some(value) = value else {
+            return Err(UsageError(format!("{flag} needs a value")));
+        };
+        match flag.as_str() {
+            "--rate" => config.rate = positive_float(&flag, &value)?,
+            "--capacity" => config.capacity = positive_whole(&flag, &value, u32::MAX)?,
+            "--interval" => config.interval = interval(&flag, &value)?,
+            "--count" => config.count = positive_whole(&flag, &value, MAX_COUNT)?,
+            _ => config.limiters = limiter_list(&flag, &value)?,
+        }
+    }
+    let span = config.interval.checked_mul(config.count - 1);
+    if span.is_none_or(|span| span > MAX_SPAN) {
+        return Err(UsageError(format!(
+            "--count {} × --interval lasts more than the playground's limit of {} days",
+            config.count,
+            MAX_SPAN.as_secs() / 86_400
+        )));
+    }
+    Ok(Command::Run(config))
+}
+
+fn positive_float(flag: &str, value: &str) -> Result<f64, UsageError> {
+    match value.trim().parse::<f64>() {
+        Ok(x) if x.is_finite() && x > 0.0 => Ok(x),
+        Ok(_) => Err(UsageError(format!(
+            "{flag} must be a positive number, got '{value}'"
+        ))),
+        Err(_) => Err(UsageError(format!(
+            "{flag} expects a number, got '{value}'"
+        ))),
+    }
+}
+
+fn positive_whole(flag: &str, value: &str, max: u32) -> Result<u32, UsageError> {
+    let value = value.trim();
+    let n = value.parse::<u64>().map_err(|_| {
+        let what = if value.starts_with('-') || value.parse::<f64>().is_ok() {
+            "a whole number of at least 1"
+        } else {
+            "a whole number"
+        };
+        UsageError(format!("{flag} expects {what}, got '{value}'"))
+    })?;
+    match u32::try_from(n) {
+        Ok(0) => Err(UsageError(format!("{flag} must be at least 1, got 0"))),
+        Ok(n) if n <= max => Ok(n),
+        _ => Err(UsageError(format!(
+            "{flag} must be at most {max}, got {value}"
+        ))),
+    }
+}
+
+fn interval(flag: &str, value: &str) -> Result<Duration, UsageError> {
+    let ms = positive_float(flag, value)?;
+    let interval = Duration::try_from_secs_f64(ms / 1000.0)
+        .ok()
+        .filter(|d| *d <= MAX_SPAN);
+    match interval {
+        Some(d) if !d.is_zero() => Ok(d),
+        Some(_) => Err(UsageError(format!(
+            "{flag} must be at least 1 ns (0.000001 ms), got '{value}'"
+        ))),
+        None => Err(UsageError(format!(
+            "{flag} must be at most {} days, got '{value}'",
+            MAX_SPAN.as_secs() / 86_400
+        ))),
+    }
+}
+
+fn limiter_list(flag: &str, value: &str) -> Result<Vec<&'static Entry>, UsageError> {
+    let mut chosen: Vec<&'static Entry> = Vec::new();
+    for name in value.split(',').map(str::trim) {
+        let found: Vec<&'static Entry> = match name {
+            "all" => LIMITERS.iter().collect(),
+            "" => {
+                return Err(UsageError(format!(
+                    "{flag}: empty limiter name in '{value}'"
+                )));
+            }
+            _ => match LIMITERS.iter().find(|entry| entry.name == name) {
+                Some(entry) => vec![entry],
+                None => {
+                    return Err(UsageError(format!(
+                        "{flag}: unknown limiter '{name}' (known: {})",
+                        names()
+                    )));
+                }
+            },
+        };
+        for entry in found {
+            if !chosen.iter().any(|e| e.name == entry.name) {
+                chosen.push(entry);
+            }
+        }
+    }
+    Ok(chosen)
+}
+
+fn names() -> String {
+    LIMITERS
+        .iter()
+        .map(|entry| entry.name)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The help text.
+pub(crate) fn usage() -> String {
+    let mut text = String::from(
+        "Replays a traffic pattern through tokio-ratelimit's limiters, in virtual time.\n\
+         \n\
+         usage: cargo run --release --example playground -- [options]\n\
+         \n\
+         options:\n  \
+           --rate R          permits per second, may be fractional (default 2)\n  \
+           --capacity N      the burst: bucket size in tokens or units (default 2)\n  \
+           --interval MS     milliseconds between two requests, may be fractional (default 200)\n  \
+           --count N         number of requests, at most 100000 (default 30)\n  \
+           --limiters LIST   comma-separated names, or 'all' (default all)\n  \
+           -h, --help        print this help\n\
+         \n\
+         limiters:\n",
+    );
+    for entry in LIMITERS {
+        let _ = writeln!(text, "  {:<11} {}", entry.name, entry.call);
+    }
+    text.push_str(
+        "\nexamples:\n  \
+           cargo run --release --example playground -- --limiters token,shaper\n  \
+           cargo run --release --example playground -- --rate 10 --capacity 5 --interval 50 --count 60\n",
+    );
+    text
+}
+
+// ---------------------------------------------------------------------------
+// The replay
+// ---------------------------------------------------------------------------
+
+/// What happened to one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Record {
+    /// When the request was issued, since the start of the replay.
+    pub(crate) arrival: Duration,
+    /// What the limiter did with it.
+    pub(crate) outcome: Outcome,
+}
+
+/// The fate of one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// Granted at once.
+    Passed,
+    /// Granted after waiting this long.
+    Waited(Duration),
+    /// Refused; the limiter said to retry after this long.
+    Refused(Duration),
+    /// Refused: the leaky bucket was full.
+    Overflow,
+    /// An unexpected error.
+    Failed(String),
+}
+
+impl Record {
+    /// When the request was granted, since the start, if it was.
+    pub(crate) fn granted(&self) -> Option<Duration> {
+        match self.outcome {
+            Outcome::Passed => Some(self.arrival),
+            Outcome::Waited(wait) => Some(self.arrival + wait),
+            _ => None,
+        }
+    }
+
+    /// The request's character on the timeline.
+    pub(crate) fn symbol(&self) -> char {
+        match self.outcome {
+            Outcome::Passed => '+',
+            Outcome::Waited(_) => 'w',
+            Outcome::Refused(_) | Outcome::Overflow => '-',
+            Outcome::Failed(_) => '!',
+        }
+    }
+}
+
+/// One limiter's replay.
+#[derive(Debug)]
+pub(crate) struct Run {
+    /// The limiter.
+    pub(crate) entry: &'static Entry,
+    /// One record per request, in arrival order.
+    pub(crate) records: Vec<Record>,
+}
+
+/// Replays the traffic through every chosen limiter.
+///
+/// The first limiter that cannot be built stops it: its name and the
+/// builder's error.
+pub(crate) fn replay_all(config: &Config) -> Result<Vec<Run>, (&'static str, ConfigError)> {
+    config
+        .limiters
+        .iter()
+        .map(|&entry| {
+            let records = replay(entry, config).map_err(|e| (entry.name, e))?;
+            Ok(Run { entry, records })
+        })
+        .collect()
+}
+
+/// Replays the traffic through one limiter, on a fresh current-thread
+/// runtime with a paused clock, and returns one record per request.
+///
+/// # Errors
+///
+/// The limiter's `ConfigError` when it cannot be built.
+///
+/// # Panics
+///
+/// If the runtime cannot be built or a request task panics.
+pub(crate) fn replay(entry: &Entry, config: &Config) -> Result<Vec<Record>, ConfigError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .expect("a current-thread tokio runtime");
+    runtime.block_on(async {
+        let request = (entry.build)(config)?;
+        let clock = Clock::new();
+        let mut tasks = Vec::new();
+        for index in 0..config.count {
+            clock.advance_to(config.arrival(index)).await;
+            tasks.push(tokio::spawn(clock.issue(Arc::clone(&request))));
+        }
+        // Back onto the millisecond grid before the waits still pending end
+        // (see `Clock::advance_to`).
+        clock.advance_to(clock.next_tick()).await;
+        let mut records = Vec::with_capacity(tasks.len());
+        for task in tasks {
+            records.push(task.await.expect("a request task panicked"));
+        }
+        Ok(records)
+    })
+}
+
+/// tokio's timer resolution: timers fire on 1 ms ticks counted from the
+/// runtime's start.
+const TICK: Duration = Duration::from_millis(1);
+
+/// The replay's virtual clock, and a count of what the request tasks have
+/// done (to tell when they are all blocked).
+struct Clock {
+    start: Instant,
+    progress: Arc<AtomicUsize>,
+}
+
+impl Clock {
+    /// Starts counting from now. The runtime is fresh, so now is on its
+    /// millisecond grid.
+    fn new() -> Clock {
+        Clock {
+            start: Instant::now(),
+            progress: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    fn now(&self) -> Duration {
+        self.start.elapsed()
+    }
+
+    /// The first tick after now (now itself when it is a tick).
+    fn next_tick(&self) -> Duration {
+        let now = self.now();
+        let tick = tick_of(now);
+        if tick == now { now } else { tick + TICK }
+    }
+
+    /// A task that issues one request now and records what happens.
+    fn issue(&self, request: Request) -> impl Future<Output = Record> + Send + 'static {
+        let (start, progress) = (self.start, Arc::clone(&self.progress));
+        async move {
+            progress.fetch_add(1, Ordering::Relaxed);
+            let issued = Instant::now();
+            let verdict = request().await;
+            let waited = issued.elapsed();
+            progress.fetch_add(1, Ordering::Relaxed);
+            let outcome = match verdict {
+                Verdict::Granted if waited.is_zero() => Outcome::Passed,
+                Verdict::Granted => Outcome::Waited(waited),
+                Verdict::Limited(retry_after) => Outcome::Refused(retry_after),
+                Verdict::Overflow => Outcome::Overflow,
+                Verdict::Failed(error) => Outcome::Failed(error),
+            };
+            Record {
+                arrival: issued.duration_since(start),
+                outcome,
+            }
+        }
+    }
+
+    /// Moves the paused clock to `target` (since the start), letting every
+    /// timer on the way fire at its own tick and every task it wakes run
+    /// before time moves on.
+    ///
+    /// Between ticks, `sleep` cannot stop the clock anywhere but on a tick,
+    /// so an instant inside a tick is reached with `tokio::time::advance`.
+    /// `advance` moves the clock at once, even while tasks woken at the
+    /// current instant have still to run; so first let them run
+    /// ([`settle`](Self::settle)). From inside a tick the clock steps onto
+    /// the next tick with `advance` too, because tokio's auto-advance would
+    /// keep the offset into the tick and leave the grid.
+    async fn advance_to(&self, target: Duration) {
+        loop {
+            let now = self.now();
+            if now >= target {
+                return;
+            }
+            let tick = tick_of(now);
+            let target_tick = tick_of(target);
+            if tick == now && target_tick > now {
+                // On the grid: sleeping fires every timer up to the target's
+                // tick in order, each at its own instant.
+                time::sleep_until(self.start + target_tick).await;
+                continue;
+            }
+            self.settle().await;
+            let next_tick = tick + TICK;
+            time::advance(target.min(next_tick).saturating_sub(now)).await;
+        }
+    }
+
+    /// Returns once every task that can run at the current instant has run:
+    /// when a round of the scheduler (a `yield_now`) has let no request
+    /// task start or finish, twice in a row.
+    async fn settle(&self) {
+        let mut quiet = 0;
+        while quiet < 2 {
+            let before = self.progress.load(Ordering::Relaxed);
+            tokio::task::yield_now().await;
+            if self.progress.load(Ordering::Relaxed) == before {
+                quiet += 1;
+            } else {
+                quiet = 0;
+            }
+        }
+    }
+}
+
+/// The tick an offset (since the runtime's start) falls in: the offset
+/// rounded down to a whole millisecond.
+fn tick_of(offset: Duration) -> Duration {
+    Duration::from_secs(offset.as_secs()) + Duration::from_millis(u64::from(offset.subsec_millis()))
+}
+
+// ---------------------------------------------------------------------------
+// Summaries
+// ---------------------------------------------------------------------------
+
+/// One second of a replay: the requests that arrived in it, and the grants
+/// that fell in it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct SecondRow {
+    /// Which second (0 is the first).
+    pub(crate) second: u64,
+    /// Requests that arrived in this second.
+    pub(crate) arrived: usize,
+    /// Of those, granted at once.
+    pub(crate) passed: usize,
+    /// Of those, granted after a wait.
+    pub(crate) waited: usize,
+    /// Of those, refused (rate limited or overflow) or failed.
+    pub(crate) refused: usize,
+    /// Grants in this second, whenever their request arrived: the rate
+    /// achieved.
+    pub(crate) granted: usize,
+}
+
+/// The per-second summary of a replay; seconds with no arrival and no
+/// grant are left out.
+pub(crate) fn per_second(records: &[Record]) -> Vec<SecondRow> {
+    fn at(seconds: &mut BTreeMap<u64, SecondRow>, offset: Duration) -> &mut SecondRow {
+        let second = offset.as_secs();
+        seconds.entry(second).or_insert_with(|| SecondRow {
+            second,
+            ..SecondRow::default()
+        })
+    }
+    let mut seconds = BTreeMap::new();
+    for record in records {
+        let row = at(&mut seconds, record.arrival);
+        row.arrived += 1;
+        match record.outcome {
+            Outcome::Passed => row.passed += 1,
+            Outcome::Waited(_) => row.waited += 1,
+            _ => row.refused += 1,
+        }
+        if let Some(granted) = record.granted() {
+            at(&mut seconds, granted).granted += 1;
+        }
+    }
+    seconds.into_values().collect()
+}
+
+/// Totals over a replay.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Totals {
+    /// Granted at once.
+    pub(crate) passed: usize,
+    /// Granted after a wait.
+    pub(crate) waited: usize,
+    /// Refused (rate limited or overflow) or failed.
+    pub(crate) refused: usize,
+    /// The longest wait.
+    pub(crate) longest_wait: Option<Duration>,
+    /// The last grant, since the start.
+    pub(crate) last_grant: Option<Duration>,
+}
+
+/// Totals over a replay.
+pub(crate) fn totals(records: &[Record]) -> Totals {
+    let mut totals = Totals::default();
+    for record in records {
+        match record.outcome {
+            Outcome::Passed => totals.passed += 1,
+            Outcome::Waited(wait) => {
+                totals.waited += 1;
+                totals.longest_wait = totals.longest_wait.max(Some(wait));
+            }
+            _ => totals.refused += 1,
+        }
+        totals.last_grant = totals.last_grant.max(record.granted());
+    }
+    totals
+}
+
+/// The timeline of a replay: one character per request, in arrival order.
+pub(crate) fn timeline(records: &[Record]) -> String {
+    records.iter().map(Record::symbol).collect()
+}
+
+// ---------------------------------------------------------------------------
+// Output
+// ---------------------------------------------------------------------------
+
+/// Requests per row of the timeline chart (fits a 100-column terminal).
+const CHART_WIDTH: usize = 60;
+
+/// Writes the whole report.
+pub(crate) fn render(out: &mut impl fmt::Write, config: &Config, runs: &[Run]) -> fmt::Result {
+    let rate = config.rate();
+    let per_second = Rate::every(config.interval).permits_per_second();
+    writeln!(
+        out,
+        "tokio-ratelimit playground: {} requests, one every {} ({}/s), through {} limiter{}",
+        config.count,
+        show(config.interval),
+        number(per_second),
+        runs.len(),
+        if runs.len() == 1 { "" } else { "s" },
+    )?;
+    writeln!(
+        out,
+        "limit: rate {}/s (a permit every {}), capacity {}",
+        number(config.rate),
+        show(rate.interval()),
+        config.capacity,
+    )?;
+    writeln!(
+        out,
+        "virtual time: tokio's clock is paused, so the replay takes no real time"
+    )?;
+    for run in runs {
+        writeln!(out)?;
+        render_run(out, config, run)?;
+    }
+    writeln!(out)?;
+    render_chart(out, config, runs)?;
+    writeln!(out)?;
+    render_totals(out, runs)
+}
+
+fn render_run(out: &mut impl fmt::Write, config: &Config, run: &Run) -> fmt::Result {
+    let title = format!("== {}: {} ", run.entry.name, run.entry.call);
+    writeln!(out, "{title:=<96}")?;
+    writeln!(
+        out,
+        "   rate {}/s, capacity {}; one request every {}",
+        number(config.rate),
+        config.capacity,
+        show(config.interval),
+    )?;
+    for line in wrap(run.entry.about, 92) {
+        writeln!(out, "   {line}")?;
+    }
+    writeln!(out)?;
+    let width = config.count.to_string().len().max(3);
+    writeln!(
+        out,
+        "   {:>width$}  {:>10}  {:<34} {:>10}",
+        "#", "arrival", "outcome", "granted"
+    )?;
+    for (index, record) in run.records.iter().enumerate() {
+        let outcome = match &record.outcome {
+            Outcome::Passed => "pass".to_owned(),
+            Outcome::Waited(wait) => format!("wait {}", show(*wait)),
+            Outcome::Refused(retry_after) => format!("refused: retry after {}", show(*retry_after)),
+            Outcome::Overflow => "refused: overflow (bucket full)".to_owned(),
+            Outcome::Failed(error) => format!("error: {error}"),
+        };
+        let granted = record.granted().map_or_else(|| "-".to_owned(), show);
+        writeln!(
+            out,
+            "   {:>width$}  {:>10}  {outcome:<34} {granted:>10}",
+            index + 1,
+            show(record.arrival),
+        )?;
+    }
+    writeln!(out)?;
+    writeln!(
+        out,
+        "   per second   arrived  passed  waited  refused  | granted (achieved rate)"
+    )?;
+    for row in per_second(&run.records) {
+        writeln!(
+            out,
+            "   {:>10}   {:>7}  {:>6}  {:>6}  {:>7}  | {:>7}",
+            format!("{}s", row.second),
+            row.arrived,
+            row.passed,
+            row.waited,
+            row.refused,
+            row.granted,
+        )?;
+    }
+    let sum = totals(&run.records);
+    writeln!(
+        out,
+        "   {:>10}   {:>7}  {:>6}  {:>6}  {:>7}  | {:>7}",
+        "total",
+        run.records.len(),
+        sum.passed,
+        sum.waited,
+        sum.refused,
+        sum.passed + sum.waited,
+    )
+}
+
+fn render_chart(out: &mut impl fmt::Write, config: &Config, runs: &[Run]) -> fmt::Result {
+    let title = "== timeline: one character per request, in arrival order ";
+    writeln!(out, "{title:=<96}")?;
+    writeln!(
+        out,
+        "   +  passed at once    w  waited, then passed    -  refused (rate limited or overflow)"
+    )?;
+    let failed = |run: &Run| run.records.iter().any(|r| r.symbol() == '!');
+    if runs.iter().any(failed) {
+        writeln!(out, "   !  failed with an unexpected error")?;
+    }
+    let name_width = runs
+        .iter()
+        .map(|run| run.entry.name.len())
+        .fold("request".len(), usize::max);
+    let count = usize::try_from(config.count).unwrap_or(usize::MAX);
+    let rows: Vec<String> = runs.iter().map(|run| timeline(&run.records)).collect();
+    for first in (0..count).step_by(CHART_WIDTH) {
+        let last = (first + CHART_WIDTH).min(count);
+        writeln!(out)?;
+        // A ruler: the number of every tenth request, and its arrival.
+        let mut numbers = String::new();
+        let mut times = String::new();
+        for index in (first..last).step_by(10) {
+            let _ = write!(numbers, "{:<10}", format!("#{}", index + 1));
+            let arrival = u32::try_from(index).map_or(Duration::MAX, |i| config.arrival(i));
+            let _ = write!(times, "{:<10}", show(arrival));
+        }
+        writeln!(out, "   {:name_width$}  {}", "request", numbers.trim_end())?;
+        writeln!(out, "   {:name_width$}  {}", "arrival", times.trim_end())?;
+        for (run, row) in runs.iter().zip(&rows) {
+            let part = row.get(first..last).unwrap_or_default();
+            writeln!(out, "   {:name_width$} |{part}|", run.entry.name)?;
+        }
+    }
+    Ok(())
+}
+
+fn render_totals(out: &mut impl fmt::Write, runs: &[Run]) -> fmt::Result {
+    writeln!(
+        out,
+        "   {:<11} {:>7} {:>7} {:>8} {:>13} {:>11}",
+        "limiter", "passed", "waited", "refused", "longest wait", "last grant"
+    )?;
+    for run in runs {
+        let sum = totals(&run.records);
+        writeln!(
+            out,
+            "   {:<11} {:>7} {:>7} {:>8} {:>13} {:>11}",
+            run.entry.name,
+            sum.passed,
+            sum.waited,
+            sum.refused,
+            sum.longest_wait.map_or_else(|| "-".to_owned(), show),
+            sum.last_grant.map_or_else(|| "-".to_owned(), show),
+        )?;
+    }
+    Ok(())
+}
+
+/// A duration for people: whole milliseconds as `200ms`, fractions to the
+/// microsecond (`666.667ms`), under a microsecond in `ns`, from 100 s in
+/// seconds.
+pub(crate) fn show(d: Duration) -> String {
+    let nanos = d.as_nanos();
+    if nanos >= 100_000_000_000 {
+        let millis = (nanos + 500_000) / 1_000_000;
+        return trimmed(format!("{}.{:03}", millis / 1000, millis % 1000)) + "s";
+    }
+    if nanos % 1_000_000 == 0 {
+        return format!("{}ms", nanos / 1_000_000);
+    }
+    if nanos < 1000 {
+        return format!("{nanos}ns");
+    }
+    let micros = (nanos + 500) / 1000;
+    trimmed(format!("{}.{:03}", micros / 1000, micros % 1000)) + "ms"
+}
+
+/// Splits `text` into lines of at most `width` characters, at spaces.
+fn wrap(text: &str, width: usize) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut line = String::new();
+    for word in text.split_whitespace() {
+        if !line.is_empty() && line.len() + 1 + word.len() > width {
+            lines.push(std::mem::take(&mut line));
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(word);
+    }
+    if !line.is_empty() {
+        lines.push(line);
+    }
+    lines
+}
+
+/// A float without a useless fraction: `2`, `1.5`, `0.333`.
+fn number(x: f64) -> String {
+    trimmed(format!("{x:.3}"))
+}
+
+fn trimmed(decimal: String) -> String {
+    if decimal.contains('.') {
+        decimal
+            .trim_end_matches('0')
+            .trim_end_matches('.')
+            .to_owned()
+    } else {
+        decimal
+    }
+}
+
+// ---------------------------------------------------------------------------
+
+fn main() -> ExitCode {
+    let config = match parse_args(std::env::args().skip(1)) {
+        Ok(Command::Run(config)) => config,
+        Ok(Command::Help) => {
+            print!("{}", usage());
+            return ExitCode::SUCCESS;
+        }
+        Err(error) => {
+            eprintln!("error: {error}\n");
+            eprint!("{}", usage());
+            return ExitCode::from(2);
+        }
+    };
+    let runs = match replay_all(&config) {
+        Ok(runs) => runs,
+        Err((name, error)) => {
+            eprintln!("error: cannot build the '{name}' limiter: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut report = String::new();
+    render(&mut report, &config, &runs).expect("formatting into a String");
+    // A closed pipe (`| head`) is not an error worth a panic.
+    let _ = std::io::stdout().lock().write_all(report.as_bytes());
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,290 @@
+//! Checks the playground example's logic: the code is the example's own
+//! (`examples/playground.rs`, included as a module), so what the README's
+//! main command prints is what is tested here.
+//!
+//! Each replay runs on its own current-thread runtime with a paused clock,
+//! so these are plain `#[test]`s and the instants they assert are exact.
+
+#[path = "../examples/playground.rs"]
+#[allow(dead_code)] // `main` and the printing helpers are for the example only
+mod playground;
+
+use std::time::Duration;
+
+use playground::{
+    Command, Config, Entry, LIMITERS, Outcome, Record, SecondRow, parse_args, per_second, replay,
+    replay_all, timeline, totals,
+};
+use tokio_ratelimit::ConfigError;
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn entry(name: &str) -> &'static Entry {
+    LIMITERS
+        .iter()
+        .find(|entry| entry.name == name)
+        .unwrap_or_else(|| panic!("no limiter named {name}"))
+}
+
+fn run(name: &str, config: &Config) -> Vec<Record> {
+    replay(entry(name), config).unwrap()
+}
+
+fn arrivals(records: &[Record]) -> Vec<Duration> {
+    records.iter().map(|r| r.arrival).collect()
+}
+
+fn grants(records: &[Record]) -> Vec<Duration> {
+    records.iter().filter_map(Record::granted).collect()
+}
+
+fn config(rate: f64, capacity: u32, interval: Duration, count: u32) -> Config {
+    Config {
+        rate,
+        capacity,
+        interval,
+        count,
+        limiters: LIMITERS.iter().collect(),
+    }
+}
+
+/// The source material's demo: capacity 2, 2/s, a request every 200 ms.
+const DEMO: &str = "++-+-+--+-+--+-+--+-+--+-+--+-";
+
+#[test]
+fn the_three_meters_refuse_the_same_requests_in_the_demo() {
+    let config = Config::default();
+    for name in ["token", "leaky", "funnel"] {
+        let records = run(name, &config);
+        assert_eq!(timeline(&records), DEMO, "{name}");
+        let expected: Vec<Duration> = (0..30).map(|i| ms(200 * i)).collect();
+        assert_eq!(arrivals(&records), expected, "{name}");
+        // The third request comes 100 ms too early, the fifth 200 ms, the
+        // seventh 300 ms: retry_after is exact.
+        assert_eq!(records[2].outcome, Outcome::Refused(ms(100)), "{name}");
+        assert_eq!(records[4].outcome, Outcome::Refused(ms(200)), "{name}");
+        assert_eq!(records[6].outcome, Outcome::Refused(ms(300)), "{name}");
+    }
+}
+
+#[test]
+fn token_wait_serves_everyone_at_the_rate_with_overlapping_waits() {
+    let records = run("token-wait", &Config::default());
+    // Request i arrives at 200i ms, whatever is still waiting ahead of it,
+    // and gets a token at max(200i, 500(i - 1)) ms: two at once from the
+    // full bucket, then one every 500 ms.
+    for (i, record) in (0u64..).zip(&records) {
+        assert_eq!(record.arrival, ms(200 * i));
+        let grant = ms((200 * i).max((500 * i).saturating_sub(500)));
+        assert_eq!(record.granted(), Some(grant), "request {i}");
+    }
+    assert_eq!(timeline(&records), format!("++{}", "w".repeat(28)));
+    assert_eq!(totals(&records).longest_wait, Some(ms(8200)));
+}
+
+#[test]
+fn the_shaper_admits_what_the_meter_admits_and_paces_it() {
+    let config = Config::default();
+    let meter = run("leaky", &config);
+    let shaper = run("shaper", &config);
+    for (m, s) in meter.iter().zip(&shaper) {
+        assert_eq!(m.granted().is_some(), s.granted().is_some());
+        if m.granted().is_none() {
+            assert_eq!(s.outcome, Outcome::Overflow);
+        }
+    }
+    // Out of the shaper, one request every 500 ms exactly.
+    let expected: Vec<Duration> = (0..13).map(|k| ms(500 * k)).collect();
+    assert_eq!(grants(&shaper), expected);
+    assert_eq!(timeline(&shaper), "+w-w-w--w-w--w-w--w-w--w-w--w-");
+}
+
+#[test]
+fn per_second_summary_counts_arrivals_and_grants() {
+    let records = run("token", &Config::default());
+    let row = |second, passed, refused| SecondRow {
+        second,
+        arrived: 5,
+        passed,
+        waited: 0,
+        refused,
+        granted: passed,
+    };
+    let mut expected = vec![row(0, 3, 2)];
+    expected.extend((1..6).map(|s| row(s, 2, 3)));
+    assert_eq!(per_second(&records), expected);
+
+    // Grants are counted in the second they happen, after the last arrival
+    // too: token-wait delivers 2 per second until 14 s.
+    let waits = per_second(&run("token-wait", &Config::default()));
+    let achieved: Vec<(u64, usize)> = waits.iter().map(|r| (r.second, r.granted)).collect();
+    let mut expected = vec![(0, 3)];
+    expected.extend((1..14).map(|s| (s, 2)));
+    expected.push((14, 1));
+    assert_eq!(achieved, expected);
+}
+
+#[test]
+fn requests_are_issued_at_exact_instants_inside_a_tick() {
+    // 1000/s, capacity 1, a request every 0.4 ms: arrivals fall between
+    // tokio's 1 ms ticks.
+    let config = config(1000.0, 1, Duration::from_micros(400), 12);
+    let expected: Vec<Duration> = (0..12).map(|i| Duration::from_micros(400 * i)).collect();
+    for meter in ["token", "leaky", "funnel"] {
+        let records = run(meter, &config);
+        assert_eq!(arrivals(&records), expected, "{meter}");
+        assert_eq!(timeline(&records), "+--+--+--+--", "{meter}");
+        assert_eq!(
+            records[1].outcome,
+            Outcome::Refused(Duration::from_micros(600))
+        );
+    }
+    // Waiters are released on the first tick at or after their turn: the
+    // k-th at k ms.
+    let waiting = run("token-wait", &config);
+    assert_eq!(arrivals(&waiting), expected);
+    let ticks: Vec<Duration> = (0..12).map(ms).collect();
+    assert_eq!(grants(&waiting), ticks);
+}
+
+#[test]
+fn the_shaper_off_the_millisecond_grid() {
+    // A request every 0.3 ms into a bucket of 3 draining 1 per ms.
+    let records = run("shaper", &config(1000.0, 3, Duration::from_micros(300), 12));
+    let expected: Vec<Duration> = (0..12).map(|i| Duration::from_micros(300 * i)).collect();
+    assert_eq!(arrivals(&records), expected);
+    assert_eq!(timeline(&records), "+ww-w--w--w-");
+    assert_eq!(grants(&records), [ms(0), ms(1), ms(2), ms(3), ms(4), ms(5)]);
+    assert_eq!(records[3].outcome, Outcome::Overflow);
+}
+
+#[test]
+fn a_fractional_rate_is_exact() {
+    // 1.5/s: a permit every 666.666… ms; capacity 1; a request every 250 ms.
+    let records = run("token-wait", &config(1.5, 1, ms(250), 4));
+    let grants = grants(&records);
+    // 2/1.5 s = 1333.33… ms, released on the 1334 ms tick.
+    assert_eq!(grants, [ms(0), ms(667), ms(1334), ms(2000)]);
+}
+
+fn parse(args: &[&str]) -> Result<Config, String> {
+    match parse_args(args.iter().copied()) {
+        Ok(Command::Run(config)) => Ok(config),
+        Ok(Command::Help) => Err("help".to_owned()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+#[test]
+fn flags_are_parsed() {
+    let config = parse(&[]).unwrap();
+    assert_eq!(
+        (config.rate, config.capacity, config.interval, config.count),
+        (2.0, 2, ms(200), 30)
+    );
+    let names: Vec<&str> = config.limiters.iter().map(|e| e.name).collect();
+    assert_eq!(names, ["token", "token-wait", "leaky", "shaper", "funnel"]);
+
+    let config = parse(&[
+        "--rate",
+        "0.5",
+        "--capacity=7",
+        "--interval",
+        "12.5",
+        "--count",
+        "3",
+        "--limiters",
+        "funnel, token,funnel",
+    ])
+    .unwrap();
+    assert_eq!(
+        (config.rate, config.capacity, config.interval, config.count),
+        (0.5, 7, Duration::from_micros(12_500), 3)
+    );
+    let names: Vec<&str> = config.limiters.iter().map(|e| e.name).collect();
+    assert_eq!(names, ["funnel", "token"]);
+
+    assert_eq!(parse(&["--rate", "3", "--help"]).unwrap_err(), "help");
+    assert_eq!(parse(&["-h"]).unwrap_err(), "help");
+}
+
+#[test]
+fn bad_flags_are_explained() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["--nope"], "unknown flag '--nope'"),
+        (&["stray"], "unexpected argument 'stray'"),
+        (&["--rate"], "--rate needs a value"),
+        (&["--rate", "fast"], "--rate expects a number, got 'fast'"),
+        (
+            &["--rate", "0"],
+            "--rate must be a positive number, got '0'",
+        ),
+        (
+            &["--rate", "-2"],
+            "--rate must be a positive number, got '-2'",
+        ),
+        (
+            &["--rate", "NaN"],
+            "--rate must be a positive number, got 'NaN'",
+        ),
+        (&["--capacity", "0"], "--capacity must be at least 1, got 0"),
+        (
+            &["--capacity", "2.5"],
+            "--capacity expects a whole number of at least 1, got '2.5'",
+        ),
+        (&["--count", "x"], "--count expects a whole number, got 'x'"),
+        (
+            &["--count", "100001"],
+            "--count must be at most 100000, got 100001",
+        ),
+        (
+            &["--interval", "-1"],
+            "--interval must be a positive number, got '-1'",
+        ),
+        (
+            &["--interval", "1e-9"],
+            "--interval must be at least 1 ns (0.000001 ms), got '1e-9'",
+        ),
+        (
+            &["--limiters", "token,bogus"],
+            "--limiters: unknown limiter 'bogus' (known: token, token-wait, leaky, shaper, funnel)",
+        ),
+        (
+            &["--limiters", "token,"],
+            "--limiters: empty limiter name in 'token,'",
+        ),
+    ];
+    for (args, message) in cases {
+        assert_eq!(parse(args).unwrap_err(), *message, "{args:?}");
+    }
+}
+
+#[test]
+fn a_rate_the_builders_reject_is_a_config_error() {
+    let config = parse(&["--rate", "2e9", "--limiters", "funnel,token"]).unwrap();
+    let (name, error) = replay_all(&config).unwrap_err();
+    assert_eq!(name, "funnel");
+    assert!(matches!(error, ConfigError::InvalidRate { .. }), "{error}");
+}
+
+#[test]
+fn the_report_shows_the_timelines_side_by_side() {
+    let config = Config::default();
+    let runs = replay_all(&config).unwrap();
+    let mut report = String::new();
+    playground::render(&mut report, &config, &runs).unwrap();
+    for row in [
+        format!("token      |{DEMO}|"),
+        "token-wait |++wwwwwwwwwwwwwwwwwwwwwwwwwwww|".to_owned(),
+        format!("leaky      |{DEMO}|"),
+        "shaper     |+w-w-w--w-w--w-w--w-w--w-w--w-|".to_owned(),
+        format!("funnel     |{DEMO}|"),
+    ] {
+        assert!(report.contains(&row), "missing {row:?} in\n{report}");
+    }
+    assert!(report.contains("+  passed at once"));
+    let widest = report.lines().map(|l| l.chars().count()).max().unwrap();
+    assert!(widest <= 100, "a line of {widest} columns");
+}
