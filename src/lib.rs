@@ -97,7 +97,7 @@
 //! To step through states, poll futures by hand with `tokio-test`
 //! (`task::spawn`, `assert_pending!`, `assert_ready!`) and move the clock
 //! with `tokio::time::advance`. The `test-util` feature adds
-//! [`test_util`](crate::test_util): a grant log with window assertions.
+//! [`test_util`]: a grant log with window assertions.
 //!
 //! # Features
 //!
