@@ -255,6 +255,15 @@ impl Cell {
         }
     }
 
+    /// Whether a timer credit is still running at `now_nanos` (a bucket
+    /// with one is not in a fresh state).
+    pub(crate) fn has_credit(&self, now_nanos: u128) -> bool {
+        match self.credit.load(Ordering::Relaxed) {
+            0 => false,
+            credit => now_nanos.saturating_sub(u128::from(credit - 1)) <= clock::TICK.as_nanos(),
+        }
+    }
+
     /// Records that a waiter due at `ready` (scaled) was released at
     /// `now` (scaled), later than due.
     pub(crate) fn note_late_release(&self, params: &Params, ready: u128, now: u128) {

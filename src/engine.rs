@@ -52,6 +52,8 @@ pub(crate) struct Engine {
     queue: Mutex<Queue>,
     release: Release,
     kind: Kind,
+    /// Tokens a newly built bucket lacks (capacity − initial).
+    fresh_deficit: u32,
     /// Wakes the actor; `None` when waiters arm their own timers.
     actor: Option<Arc<Notify>>,
 }
@@ -61,8 +63,9 @@ pub(crate) struct Setup {
     pub(crate) kind: Kind,
     pub(crate) rate: Rate,
     pub(crate) params: Params,
-    /// The initial tat in scaled units (0: empty of water / full of tokens).
-    pub(crate) tat: u128,
+    /// Tokens the bucket lacks when built (0: empty of water / full of
+    /// tokens).
+    pub(crate) deficit: u32,
     pub(crate) release: Release,
     pub(crate) spawn_actor: bool,
 }
@@ -78,10 +81,11 @@ impl Engine {
         };
         let notify = runtime.as_ref().map(|_| Arc::new(Notify::new()));
         let engine = Arc::new(Engine {
-            cell: Cell::new(setup.params, setup.tat, clock::now()),
+            cell: Cell::new(setup.params, setup.params.cost(setup.deficit), clock::now()),
             queue: Mutex::new(Queue::new(setup.rate)),
             release: setup.release,
             kind: setup.kind,
+            fresh_deficit: setup.deficit,
             actor: notify.clone(),
         });
         if let (Some(runtime), Some(notify)) = (runtime, notify) {
@@ -131,6 +135,21 @@ impl Engine {
     /// Waiters that have not proceeded yet.
     pub(crate) fn waiting(&self) -> usize {
         self.lock().pending()
+    }
+
+    /// Whether the bucket is in exactly the state of a newly built one: open,
+    /// nobody in the queue, no timer credit running, and the same tokens
+    /// (water) a new one would have now.
+    pub(crate) fn is_fresh(&self) -> bool {
+        let queue = self.lock();
+        if queue.closed || !queue.is_empty() {
+            return false;
+        }
+        let now_nanos = self.cell.now_nanos();
+        let s = self.cell.snapshot();
+        let now = s.params.scale_nanos(now_nanos);
+        !self.cell.has_credit(now_nanos)
+            && s.tat().max(now) == now + s.params.cost(self.fresh_deficit)
     }
 
     /// The meter: `n` permits now or a refusal with the exact wait.

@@ -74,7 +74,7 @@ impl Builder {
             kind: Kind::Funnel,
             rate,
             params,
-            tat: 0,
+            deficit: 0,
             release: Release::Tokens,
             spawn_actor: false,
         })?;
@@ -204,6 +204,14 @@ impl Funnel {
     /// Units of water in the funnel now, rounded up.
     pub fn level(&self) -> u32 {
         self.engine.level()
+    }
+
+    /// Whether this handle is the only one and the funnel is in the state
+    /// of a newly built one (empty, nobody waiting): dropping it and
+    /// building a new one would change nothing. [`Keyed`](crate::keyed::Keyed)
+    /// evicts such keys.
+    pub fn is_fresh(&self) -> bool {
+        Arc::strong_count(&self.engine) == 1 && self.engine.is_fresh()
     }
 
     /// Units that could be poured now.

@@ -100,7 +100,7 @@ impl Builder {
             kind: Kind::LeakyBucket,
             rate,
             params,
-            tat: 0,
+            deficit: 0,
             release: Release::Water,
             spawn_actor: true,
         })?;
@@ -220,6 +220,14 @@ impl LeakyBucket {
     /// of requests still waiting to come out).
     pub fn level(&self) -> u32 {
         self.engine.level()
+    }
+
+    /// Whether this handle is the only one and the bucket is in the state
+    /// of a newly built one (empty, nobody waiting): dropping it and
+    /// building a new one would change nothing. [`Keyed`](crate::keyed::Keyed)
+    /// evicts such keys.
+    pub fn is_fresh(&self) -> bool {
+        Arc::strong_count(&self.engine) == 1 && self.engine.is_fresh()
     }
 
     /// Shaped requests waiting to come out now.

@@ -119,6 +119,7 @@ mod clock;
 mod engine;
 mod error;
 pub mod funnel;
+pub mod keyed;
 pub mod leaky;
 mod limiter;
 mod queue;

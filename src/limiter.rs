@@ -96,6 +96,18 @@ pub trait Limiter: Send + Sync {
     ///
     /// As [`acquire_many`](Self::acquire_many).
     async fn acquire_timeout(&self, n: u32, timeout: Duration) -> Result<(), AcquireError>;
+
+    /// Whether this handle could be dropped and the limiter built anew from
+    /// the same configuration without anyone being able to tell: no other
+    /// handle to it exists, nobody waits on it, and its state equals that of
+    /// a newly built one (a full token bucket, an empty funnel).
+    ///
+    /// [`Keyed`](crate::keyed::Keyed) uses it to evict idle keys, so that
+    /// memory follows the active keys with no change in what is granted. The
+    /// default, `false`, keeps a limiter forever.
+    fn is_fresh(&self) -> bool {
+        false
+    }
 }
 
 macro_rules! forward_limiter {
@@ -117,8 +129,34 @@ macro_rules! forward_limiter {
             async fn acquire_timeout(&self, n: u32, timeout: Duration) -> Result<(), AcquireError> {
                 (**self).acquire_timeout(n, timeout).await
             }
+            fn is_fresh(&self) -> bool {
+                $crate::limiter::Unshared::is_unshared(self) && (**self).is_fresh()
+            }
         }
     )*};
+}
+
+/// Whether a pointer is the only way to reach what it points to.
+pub(crate) trait Unshared {
+    fn is_unshared(&self) -> bool;
+}
+
+impl<L: ?Sized> Unshared for Arc<L> {
+    fn is_unshared(&self) -> bool {
+        Arc::strong_count(self) == 1 && Arc::weak_count(self) == 0
+    }
+}
+
+impl<L: ?Sized> Unshared for Box<L> {
+    fn is_unshared(&self) -> bool {
+        true
+    }
+}
+
+impl<L: ?Sized> Unshared for &L {
+    fn is_unshared(&self) -> bool {
+        false // someone else owns it
+    }
 }
 
 forward_limiter!(Arc<L>, Box<L>, &L);
@@ -147,6 +185,9 @@ macro_rules! impl_limiter {
                 timeout: std::time::Duration,
             ) -> Result<(), $crate::AcquireError> {
                 <$ty>::acquire_timeout(self, n, timeout).await
+            }
+            fn is_fresh(&self) -> bool {
+                <$ty>::is_fresh(self)
             }
         }
     };

@@ -84,6 +84,12 @@ impl Queue {
         (id, first)
     }
 
+    /// Whether no waiter at all (pending or granted, not yet observed) is
+    /// in the queue.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
     /// Waiters that have not proceeded yet.
     pub(crate) fn pending(&self) -> usize {
         self.entries

@@ -103,7 +103,7 @@ impl Builder {
             kind: Kind::TokenBucket,
             rate,
             params,
-            tat: params.cost(capacity - initial),
+            deficit: capacity - initial,
             release: Release::Tokens,
             spawn_actor: true,
         })?;
@@ -271,6 +271,14 @@ impl TokenBucket {
     /// Whole tokens available now (0 while waiters have reserved them).
     pub fn available(&self) -> u32 {
         self.engine.available()
+    }
+
+    /// Whether this handle is the only one and the bucket is in the state
+    /// of a newly built one (as many tokens as it started with, nobody waiting): dropping it and
+    /// building a new one would change nothing. [`Keyed`](crate::keyed::Keyed)
+    /// evicts such keys.
+    pub fn is_fresh(&self) -> bool {
+        Arc::strong_count(&self.engine) == 1 && self.engine.is_fresh()
     }
 
     /// Callers waiting in `acquire` now.

@@ -1,0 +1,609 @@
+//! `KeyedFunnel`: the lazy meter per key, one word of state each.
+//!
+//! # One word per key
+//!
+//! A funnel's whole state is its theoretical arrival time `tat`, in the
+//! exact scaled units of [`crate::algorithm`]. Stored absolutely it needs
+//! up to 100 bits; per key that would double the map's memory. But a key's
+//! `tat` only matters while it is ahead of `now` by at most the bucket's
+//! depth τ (`capacity × interval`), so each key keeps just `tat mod 2⁶⁴` and
+//! reads it back relative to `now`: `d = (word − now) mod 2⁶⁴`, as a signed
+//! number. `0 < d ≤ τ` is water still in the funnel; anything else — `d ≤ 0`,
+//! or `d > τ`, which only a key idle for ages can show after the difference
+//! wraps — is an empty funnel. Every successful pour leaves `tat ≤ now + τ`
+//! (a meter never pours past its capacity), so a live key is never misread.
+//! The decisions themselves are the same `Params::try_pour` the other
+//! limiters use: the same numbers as [`Funnel`](crate::Funnel).
+//!
+//! The encoding needs τ well below 2⁶³ and a wrap period (2⁶⁴ scaled units)
+//! long compared with how often idle keys are swept; for rates whose exact
+//! interval needs a very fine scale (a denominator above 2²⁰ in lowest
+//! terms) or buckets deeper than 2⁵⁶ units, keys keep the absolute 128-bit
+//! `tat` instead (twice the memory, no wrap at all).
+
+use std::borrow::Borrow;
+use std::collections::hash_map::RandomState;
+use std::fmt;
+use std::hash::{BuildHasher, Hash};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use portable_atomic::AtomicU128;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::map::{ShardMap, Unavailable};
+use super::{KeyedStats, Sweep, spawn_sweeper};
+use crate::algorithm::Params;
+use crate::{AcquireError, ConfigError, Rate, TryAcquireError, clock};
+
+/// The funnel per key: one leaky-bucket meter for each user, IP address or
+/// API key, millions of them, with no task per key.
+///
+/// Each key costs one small word of state in a sharded concurrent map (16
+/// bytes per `u64` key, plus the map's own overhead), and gives exactly the
+/// numbers a [`Funnel`](crate::Funnel) with the same rate and capacity
+/// would. Keys whose funnel has drained are indistinguishable from new ones
+/// and are dropped by the crate itself — when a shard would grow, and by a
+/// background sweeper when the map is built inside a tokio runtime — so
+/// memory follows the active keys.
+///
+/// [`max_keys`](Builder::max_keys) caps the map. When every slot holds an
+/// active key, a *new* key is refused with
+/// `TryAcquireError::Limited { retry_after }` (fail closed): `retry_after`
+/// is then an estimate, the time until a sweep may free a slot. An active
+/// key is never evicted to make room, since that would hand its owner a
+/// fresh burst; keys already present keep their exact limits under any
+/// flood of new ones.
+///
+/// The default hasher is std's `RandomState` (`SipHash`, randomly keyed),
+/// which resists hash flooding from untrusted keys;
+/// [`hasher`](Builder::hasher) replaces it.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use tokio_ratelimit::{Rate, TryAcquireError, keyed::KeyedFunnel};
+///
+/// let per_ip: KeyedFunnel<String> =
+///     KeyedFunnel::builder().rate(Rate::per_second(2)).capacity(2).build().unwrap();
+/// assert!(per_ip.try_acquire("10.0.0.1").is_ok());
+/// assert!(per_ip.try_acquire("10.0.0.1").is_ok());
+/// assert!(matches!(per_ip.try_acquire("10.0.0.1"), Err(TryAcquireError::Limited { .. })));
+/// assert!(per_ip.try_acquire("10.0.0.2").is_ok()); // each key has its own funnel
+/// assert_eq!(per_ip.len(), 2);
+/// ```
+pub struct KeyedFunnel<K, S = RandomState> {
+    inner: Arc<Inner<K, S>>,
+}
+
+impl<K, S> Clone for KeyedFunnel<K, S> {
+    fn clone(&self) -> Self {
+        KeyedFunnel {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+struct Inner<K, S> {
+    params: Params,
+    rate: Rate,
+    origin: Instant,
+    words: Words<K, S>,
+    /// Wakes the sweeper when the map stops being empty, and when this is
+    /// dropped.
+    sweeper: Option<Arc<Notify>>,
+}
+
+enum Words<K, S> {
+    Narrow(ShardMap<K, AtomicU64, S>),
+    Wide(ShardMap<K, AtomicU128, S>),
+}
+
+/// Configures a [`KeyedFunnel`]; made by [`KeyedFunnel::builder`].
+pub struct Builder<K, S = RandomState> {
+    rate: Option<Rate>,
+    capacity: Option<u32>,
+    max_keys: usize,
+    sweep_interval: Duration,
+    hasher: S,
+    keys: std::marker::PhantomData<fn() -> K>,
+}
+
+impl<K, S: fmt::Debug> fmt::Debug for Builder<K, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Builder")
+            .field("rate", &self.rate)
+            .field("capacity", &self.capacity)
+            .field("max_keys", &self.max_keys)
+            .field("sweep_interval", &self.sweep_interval)
+            .field("hasher", &self.hasher)
+            .finish()
+    }
+}
+
+impl<K> Default for Builder<K> {
+    fn default() -> Self {
+        Builder {
+            rate: None,
+            capacity: None,
+            max_keys: usize::MAX,
+            sweep_interval: Duration::from_secs(1),
+            hasher: RandomState::new(),
+            keys: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<K, S> Builder<K, S>
+where
+    K: Hash + Eq + Send + Sync + 'static,
+    S: BuildHasher + Clone + Send + Sync + 'static,
+{
+    /// The leak rate of every key's funnel (required).
+    pub fn rate(&mut self, rate: Rate) -> &mut Self {
+        self.rate = Some(rate);
+        self
+    }
+
+    /// How many units each key's funnel holds (its burst). Defaults to the
+    /// rate's permits per period.
+    pub fn capacity(&mut self, capacity: u32) -> &mut Self {
+        self.capacity = Some(capacity);
+        self
+    }
+
+    /// The most keys held at once (default: unbounded). When all are active,
+    /// new keys are refused; see [`KeyedFunnel`].
+    pub fn max_keys(&mut self, max_keys: usize) -> &mut Self {
+        self.max_keys = max_keys;
+        self
+    }
+
+    /// How often the background sweeper drops drained keys (default 1 s).
+    /// The sweeper runs only while the map holds keys, and only when the
+    /// map is built inside a tokio runtime.
+    pub fn sweep_interval(&mut self, interval: Duration) -> &mut Self {
+        self.sweep_interval = interval;
+        self
+    }
+
+    /// Replaces the hasher (by default std's randomly keyed `SipHash`, which
+    /// resists hash flooding; a faster one is fine for trusted keys).
+    pub fn hasher<S2>(&self, hasher: S2) -> Builder<K, S2> {
+        Builder {
+            rate: self.rate,
+            capacity: self.capacity,
+            max_keys: self.max_keys,
+            sweep_interval: self.sweep_interval,
+            hasher,
+            keys: std::marker::PhantomData,
+        }
+    }
+
+    /// Builds the map, and spawns its sweeper when called inside a tokio
+    /// runtime (outside one it works too, with sweeps only when a shard
+    /// fills up).
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::MissingRate`], [`ConfigError::InvalidRate`],
+    /// [`ConfigError::ZeroCapacity`]; [`ConfigError::InvalidParameter`] for
+    /// a zero `max_keys` or `sweep_interval`.
+    pub fn build(&self) -> Result<KeyedFunnel<K, S>, ConfigError> {
+        let rate = self.rate.ok_or(ConfigError::MissingRate)?;
+        let params = Params::new(rate, self.capacity.unwrap_or(rate.permits()))?;
+        if self.max_keys == 0 {
+            return Err(ConfigError::InvalidParameter {
+                name: "max_keys",
+                reason: "must be at least 1",
+            });
+        }
+        if self.sweep_interval.is_zero() {
+            return Err(ConfigError::InvalidParameter {
+                name: "sweep_interval",
+                reason: "must be positive",
+            });
+        }
+        // Amortized sweeps of one shard at most this often.
+        let gap = self.sweep_interval / 8;
+        let narrow = params.tau() <= 1 << 56 && params.den() <= 1 << 20;
+        let words = if narrow {
+            Words::Narrow(ShardMap::new(self.hasher.clone(), self.max_keys, gap))
+        } else {
+            Words::Wide(ShardMap::new(self.hasher.clone(), self.max_keys, gap))
+        };
+        let runtime = tokio::runtime::Handle::try_current().ok();
+        let notify = runtime.as_ref().map(|_| Arc::new(Notify::new()));
+        let inner = Arc::new(Inner {
+            params,
+            rate,
+            origin: clock::now(),
+            words,
+            sweeper: notify.clone(),
+        });
+        if let (Some(runtime), Some(notify)) = (runtime, notify) {
+            // Idle keys must go long before their word could wrap.
+            let wrap = Duration::from_nanos(
+                u64::try_from((1u128 << 62) / u128::from(params.den())).unwrap_or(u64::MAX),
+            );
+            let interval = self.sweep_interval.min(wrap);
+            let weak: Weak<dyn Sweep> = Arc::downgrade(&inner) as Weak<dyn Sweep>;
+            spawn_sweeper(&runtime, weak, notify, interval, "keyed_funnel");
+        }
+        Ok(KeyedFunnel { inner })
+    }
+}
+
+/// A stored `tat`, and how to read and swap it.
+trait Word: Send + Sync + 'static {
+    fn new(tat: u128) -> Self;
+    /// The raw word and the `tat` it stands for at `now`.
+    fn read(&self, params: &Params, now: u128) -> (u128, u128);
+    fn replace(&self, raw: u128, tat: u128) -> bool;
+}
+
+impl Word for AtomicU64 {
+    fn new(tat: u128) -> Self {
+        // Keep the low 64 bits: the word is read relative to `now`.
+        #[allow(clippy::cast_possible_truncation)]
+        AtomicU64::new(tat as u64)
+    }
+
+    #[allow(clippy::cast_possible_truncation)]
+    fn read(&self, params: &Params, now: u128) -> (u128, u128) {
+        let raw = self.load(Ordering::Acquire);
+        // The signed distance from now, modulo 2⁶⁴: water ahead if positive
+        // and no deeper than the bucket.
+        let ahead = raw.wrapping_sub(now as u64);
+        let tat = if ahead != 0 && ahead < 1 << 63 && u128::from(ahead) <= params.tau() {
+            now + u128::from(ahead)
+        } else {
+            now
+        };
+        (u128::from(raw), tat)
+    }
+
+    fn replace(&self, raw: u128, tat: u128) -> bool {
+        #[allow(clippy::cast_possible_truncation)]
+        self.compare_exchange_weak(raw as u64, tat as u64, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+}
+
+impl Word for AtomicU128 {
+    fn new(tat: u128) -> Self {
+        AtomicU128::new(tat)
+    }
+
+    fn read(&self, _: &Params, now: u128) -> (u128, u128) {
+        let raw = self.load(Ordering::Acquire);
+        (raw, raw.max(now))
+    }
+
+    fn replace(&self, raw: u128, tat: u128) -> bool {
+        self.compare_exchange_weak(raw, tat, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+}
+
+impl<K, S> Inner<K, S>
+where
+    K: Hash + Eq,
+    S: BuildHasher,
+{
+    fn now(&self) -> u128 {
+        self.params
+            .scale(clock::now().saturating_duration_since(self.origin))
+    }
+
+    fn try_acquire<Q>(&self, key: &Q, n: u32) -> Result<(), TryAcquireError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned + ?Sized,
+        Q::Owned: Into<K>,
+    {
+        if n > self.params.capacity() {
+            return Err(TryAcquireError::InsufficientCapacity);
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let now = self.now();
+        let outcome = match &self.words {
+            Words::Narrow(map) => self.pour(map, key, now, n),
+            Words::Wide(map) => self.pour(map, key, now, n),
+        };
+        match outcome {
+            Ok((result, first)) => {
+                if first {
+                    self.wake_sweeper();
+                }
+                result
+            }
+            Err(Unavailable::Refused { retry_after }) => {
+                tracing::debug!(?retry_after, "keyed funnel full: new key refused");
+                Err(TryAcquireError::Limited { retry_after })
+            }
+            Err(Unavailable::Failed) => unreachable!("a word can always be made"),
+        }
+    }
+
+    fn pour<Q, W: Word>(
+        &self,
+        map: &ShardMap<K, W, S>,
+        key: &Q,
+        now: u128,
+        n: u32,
+    ) -> Result<(Result<(), TryAcquireError>, bool), Unavailable>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned + ?Sized,
+        Q::Owned: Into<K>,
+    {
+        let params = &self.params;
+        map.get_or_insert(
+            key,
+            || Some(W::new(now)),
+            |w| w.read(params, now).1 <= now,
+            false,
+            |w| loop {
+                let (raw, tat) = w.read(params, now);
+                match params.try_pour(tat, now, n) {
+                    Ok(end) => {
+                        if w.replace(raw, end) {
+                            return Ok(());
+                        }
+                    }
+                    Err(wait) => {
+                        return Err(TryAcquireError::Limited {
+                            retry_after: params.duration_ceil(wait),
+                        });
+                    }
+                }
+            },
+        )
+    }
+
+    fn wake_sweeper(&self) {
+        if let Some(notify) = &self.sweeper {
+            notify.notify_one();
+        }
+    }
+
+    fn stats(&self) -> KeyedStats {
+        match &self.words {
+            Words::Narrow(map) => map.stats(),
+            Words::Wide(map) => map.stats(),
+        }
+    }
+}
+
+impl<K, S> Sweep for Inner<K, S>
+where
+    K: Hash + Eq + Send + Sync + 'static,
+    S: BuildHasher + Send + Sync + 'static,
+{
+    fn sweep(&self) -> usize {
+        let now = self.now();
+        let params = &self.params;
+        match &self.words {
+            Words::Narrow(map) => map.sweep_all(|w| w.read(params, now).1 <= now),
+            Words::Wide(map) => map.sweep_all(|w| w.read(params, now).1 <= now),
+        }
+    }
+}
+
+impl<K, S> Drop for Inner<K, S> {
+    fn drop(&mut self) {
+        if let Some(notify) = &self.sweeper {
+            notify.notify_one();
+        }
+    }
+}
+
+impl<K> KeyedFunnel<K>
+where
+    K: Hash + Eq + Send + Sync + 'static,
+{
+    /// A builder; [`rate`](Builder::rate) is required.
+    pub fn builder() -> Builder<K> {
+        Builder::default()
+    }
+}
+
+impl<K, S> KeyedFunnel<K, S>
+where
+    K: Hash + Eq + Send + Sync + 'static,
+    S: BuildHasher + Send + Sync + 'static,
+{
+    /// Pours one unit into `key`'s funnel if it fits now.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_acquire_many`](Self::try_acquire_many).
+    pub fn try_acquire<Q>(&self, key: &Q) -> Result<(), TryAcquireError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned + ?Sized,
+        Q::Owned: Into<K>,
+    {
+        self.inner.try_acquire(key, 1)
+    }
+
+    /// Pours `n` units into `key`'s funnel if they fit now: lock-free on the
+    /// key's word, under a shared (read) lock of its shard.
+    ///
+    /// # Errors
+    ///
+    /// [`TryAcquireError::Limited`] with the exact time until they would fit
+    /// (or, for a new key refused by `max_keys`, an estimate of when a slot
+    /// may free up); [`TryAcquireError::InsufficientCapacity`] when `n`
+    /// exceeds the capacity.
+    pub fn try_acquire_many<Q>(&self, key: &Q, n: u32) -> Result<(), TryAcquireError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned + ?Sized,
+        Q::Owned: Into<K>,
+    {
+        self.inner.try_acquire(key, n)
+    }
+
+    /// Waits until one unit fits in `key`'s funnel, then pours it.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_many`](Self::acquire_many).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire_many`](Self::acquire_many).
+    pub async fn acquire<Q>(&self, key: &Q) -> Result<(), AcquireError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned + Sync + ?Sized,
+        Q::Owned: Into<K>,
+    {
+        self.acquire_many(key, 1).await
+    }
+
+    /// Waits until `n` units fit in `key`'s funnel, then pours them: it
+    /// sleeps for the `retry_after` that `try_acquire_many` reports and
+    /// tries again. There is no queue per key (that is what keeps a key to
+    /// one word), so concurrent waiters on one key are not served in FIFO
+    /// order and a large request can be overtaken by small ones; use
+    /// [`Keyed`](super::Keyed) with a [`TokenBucket`](crate::TokenBucket)
+    /// where fairness per key matters.
+    ///
+    /// # Errors
+    ///
+    /// [`AcquireError::InsufficientCapacity`] at once when `n` exceeds the
+    /// capacity.
+    ///
+    /// # Cancel safety
+    ///
+    /// Nothing is reserved while waiting: dropping the future spends
+    /// nothing.
+    pub async fn acquire_many<Q>(&self, key: &Q, n: u32) -> Result<(), AcquireError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned + Sync + ?Sized,
+        Q::Owned: Into<K>,
+    {
+        loop {
+            match self.inner.try_acquire(key, n) {
+                Ok(()) => return Ok(()),
+                Err(TryAcquireError::Limited { retry_after }) => {
+                    tokio::time::sleep(retry_after).await;
+                }
+                Err(TryAcquireError::InsufficientCapacity) => {
+                    return Err(AcquireError::InsufficientCapacity);
+                }
+                Err(_) => return Err(AcquireError::Closed),
+            }
+        }
+    }
+
+    /// Keys held now (including drained ones not swept yet).
+    pub fn len(&self) -> usize {
+        self.inner.stats().keys
+    }
+
+    /// Whether no key is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Keys held, evicted and refused so far.
+    pub fn stats(&self) -> KeyedStats {
+        self.inner.stats()
+    }
+
+    /// Drops every drained key now (the crate also does this on its own).
+    /// Returns the keys left.
+    pub fn sweep(&self) -> usize {
+        self.inner.sweep()
+    }
+
+    /// The leak rate of every key's funnel.
+    pub fn rate(&self) -> Rate {
+        self.inner.rate
+    }
+
+    /// The capacity of every key's funnel.
+    pub fn capacity(&self) -> u32 {
+        self.inner.params.capacity()
+    }
+}
+
+impl<K, S> fmt::Debug for KeyedFunnel<K, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let stats = match &self.inner.words {
+            Words::Narrow(map) => map.stats(),
+            Words::Wide(map) => map.stats(),
+        };
+        f.debug_struct("KeyedFunnel")
+            .field("rate", &self.inner.rate)
+            .field("capacity", &self.inner.params.capacity())
+            .field("stats", &stats)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_narrow_word_reads_relative_to_now() {
+        let params = Params::new(Rate::per_second(10), 3).unwrap(); // τ = 300 ms
+        let tau = params.tau();
+        let now = (5u128 << 64) + 12_345; // far past 2⁶⁴: only the low bits are kept
+        for (tat, expected) in [
+            (now + 1, now + 1),
+            (now + tau, now + tau),
+            (now, now),
+            (now - 1, now),                   // drained
+            (now - (1 << 40), now),           // long drained
+            (now - (1 << 63), now),           // drained half a wrap ago
+            (now - (1 << 64) + tau + 1, now), // a wrap ago: reads τ + 1 ahead
+            (now + tau + 1, now),             // impossible for a meter: treated as drained
+        ] {
+            let w = <AtomicU64 as Word>::new(tat);
+            assert_eq!(w.read(&params, now).1, expected, "tat {tat}");
+            assert!(w.replace(w.read(&params, now).0, tat + 5));
+        }
+    }
+
+    #[test]
+    fn narrow_only_when_it_is_safe() {
+        let fine = Params::new(Rate::per_second(1_048_583), 10).unwrap();
+        assert!(fine.den() > 1 << 20);
+        let coarse = Params::new(Rate::per_second(7), u32::MAX).unwrap();
+        assert!(coarse.tau() > 1 << 56);
+        let keyed = |rate, capacity| {
+            let map: KeyedFunnel<u8> = KeyedFunnel::builder()
+                .rate(rate)
+                .capacity(capacity)
+                .build()
+                .unwrap();
+            matches!(map.inner.words, Words::Narrow(_))
+        };
+        assert!(keyed(Rate::per_second(100), 10));
+        assert!(keyed(Rate::per_second(7), 1000));
+        assert!(keyed(Rate::per_second(999_983), 10));
+        assert!(!keyed(Rate::per_second(1_048_583), 10));
+        assert!(!keyed(Rate::per(1_048_583, Duration::from_secs(86_400)), 2));
+        assert!(!keyed(Rate::per_second(7), u32::MAX));
+        // The wide encoding gives the same answers.
+        let wide: KeyedFunnel<u8> = KeyedFunnel::builder()
+            .rate(Rate::per(1_048_583, Duration::from_secs(86_400)))
+            .capacity(2)
+            .build()
+            .unwrap();
+        assert!(wide.try_acquire_many(&1, 2).is_ok());
+        assert!(wide.try_acquire(&1).is_err());
+    }
+}

@@ -1,0 +1,398 @@
+//! `Keyed<K, L>`: any limiter per key, built on first use.
+
+use std::borrow::Borrow;
+use std::collections::hash_map::RandomState;
+use std::fmt;
+use std::hash::{BuildHasher, Hash};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+
+use super::map::{ShardMap, Unavailable};
+use super::{KeyedStats, Sweep, spawn_sweeper};
+use crate::{AcquireError, ConfigError, Limiter, TryAcquireError};
+
+type Factory<L> = dyn Fn() -> Result<L, ConfigError> + Send + Sync;
+
+/// A limiter per key, built on first use from a factory.
+///
+/// For any `L: Limiter + Clone` — typically a [`TokenBucket`](crate::TokenBucket)
+/// per downstream host or tenant, with FIFO waiting per key. Meant for
+/// thousands of keys: each actor-backed limiter parks when idle, so idle
+/// keys cost memory, not CPU. For millions of keys (per user, per IP) use
+/// the one-word-per-key [`KeyedFunnel`](super::KeyedFunnel).
+///
+/// A key's limiter is dropped when it reports itself
+/// [fresh](crate::Limiter::is_fresh) (indistinguishable from a newly built
+/// one, and not held outside the map) — checked when a shard would grow and
+/// by a background sweeper — and is built again on its next use. Limiters
+/// that never report fresh (the default for user types; a token bucket
+/// that starts below capacity) are kept until the map is dropped.
+///
+/// The factory is called inside the runtime the map was built in, so keys
+/// can be added from any thread.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use tokio::time::Instant;
+/// use tokio_ratelimit::{Rate, TokenBucket, keyed::Keyed};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let per_host: Keyed<String, TokenBucket> = Keyed::builder()
+///     .limiter(|| TokenBucket::builder().rate(Rate::per_second(10)).capacity(1).build())
+///     .build()?;
+/// let start = Instant::now();
+/// per_host.acquire("a.example").await?;
+/// per_host.acquire("b.example").await?; // another key, another bucket
+/// per_host.acquire("a.example").await?; // waits for a.example's refill
+/// assert_eq!(start.elapsed(), Duration::from_millis(100));
+/// assert_eq!(per_host.len(), 2);
+/// # Ok(())
+/// # }
+/// ```
+pub struct Keyed<K, L, S = RandomState> {
+    inner: Arc<Inner<K, L, S>>,
+}
+
+impl<K, L, S> Clone for Keyed<K, L, S> {
+    fn clone(&self) -> Self {
+        Keyed {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+struct Inner<K, L, S> {
+    map: ShardMap<K, L, S>,
+    factory: Box<Factory<L>>,
+    runtime: Option<tokio::runtime::Handle>,
+    sweeper: Option<Arc<Notify>>,
+}
+
+/// Configures a [`Keyed`]; made by [`Keyed::builder`].
+pub struct Builder<K, L, S = RandomState> {
+    factory: Option<Arc<Factory<L>>>,
+    max_keys: usize,
+    sweep_interval: Duration,
+    hasher: S,
+    keys: std::marker::PhantomData<fn() -> K>,
+}
+
+impl<K, L, S: fmt::Debug> fmt::Debug for Builder<K, L, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Builder")
+            .field("limiter", &self.factory.as_ref().map(|_| "…"))
+            .field("max_keys", &self.max_keys)
+            .field("sweep_interval", &self.sweep_interval)
+            .field("hasher", &self.hasher)
+            .finish()
+    }
+}
+
+impl<K, L> Default for Builder<K, L> {
+    fn default() -> Self {
+        Builder {
+            factory: None,
+            max_keys: usize::MAX,
+            sweep_interval: Duration::from_secs(1),
+            hasher: RandomState::new(),
+            keys: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<K, L, S> Builder<K, L, S>
+where
+    K: Hash + Eq + Send + Sync + 'static,
+    L: Limiter + Clone + 'static,
+    S: BuildHasher + Clone + Send + Sync + 'static,
+{
+    /// How to build the limiter of a new key (required), e.g.
+    /// `|| TokenBucket::builder().rate(rate).capacity(10).build()`.
+    pub fn limiter<F>(&mut self, factory: F) -> &mut Self
+    where
+        F: Fn() -> Result<L, ConfigError> + Send + Sync + 'static,
+    {
+        self.factory = Some(Arc::new(factory));
+        self
+    }
+
+    /// The most keys held at once (default: unbounded). When all are active
+    /// (not fresh), new keys are refused: `try_acquire` answers `Limited`,
+    /// `acquire` waits and retries.
+    pub fn max_keys(&mut self, max_keys: usize) -> &mut Self {
+        self.max_keys = max_keys;
+        self
+    }
+
+    /// How often the background sweeper drops fresh keys (default 1 s).
+    pub fn sweep_interval(&mut self, interval: Duration) -> &mut Self {
+        self.sweep_interval = interval;
+        self
+    }
+
+    /// Replaces the hasher (by default std's randomly keyed `SipHash`, which
+    /// resists hash flooding).
+    pub fn hasher<S2>(&self, hasher: S2) -> Builder<K, L, S2> {
+        Builder {
+            factory: self.factory.clone(),
+            max_keys: self.max_keys,
+            sweep_interval: self.sweep_interval,
+            hasher,
+            keys: std::marker::PhantomData,
+        }
+    }
+
+    /// Builds the map. The factory is called once here, to report a bad
+    /// configuration now rather than on the first key. Inside a tokio
+    /// runtime, the sweeper is spawned on it.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::InvalidParameter`] without a factory or with a zero
+    /// `max_keys` or `sweep_interval`; whatever the factory returns.
+    pub fn build(&self) -> Result<Keyed<K, L, S>, ConfigError> {
+        let Some(factory) = self.factory.clone() else {
+            return Err(ConfigError::InvalidParameter {
+                name: "limiter",
+                reason: "a factory for the per-key limiters is required",
+            });
+        };
+        if self.max_keys == 0 {
+            return Err(ConfigError::InvalidParameter {
+                name: "max_keys",
+                reason: "must be at least 1",
+            });
+        }
+        if self.sweep_interval.is_zero() {
+            return Err(ConfigError::InvalidParameter {
+                name: "sweep_interval",
+                reason: "must be positive",
+            });
+        }
+        drop(factory()?);
+        let runtime = tokio::runtime::Handle::try_current().ok();
+        let notify = runtime.as_ref().map(|_| Arc::new(Notify::new()));
+        let inner = Arc::new(Inner {
+            map: ShardMap::new(self.hasher.clone(), self.max_keys, self.sweep_interval / 8),
+            factory: Box::new(move || factory()),
+            runtime: runtime.clone(),
+            sweeper: notify.clone(),
+        });
+        if let (Some(runtime), Some(notify)) = (runtime, notify) {
+            let weak: Weak<dyn Sweep> = Arc::downgrade(&inner) as Weak<dyn Sweep>;
+            spawn_sweeper(&runtime, weak, notify, self.sweep_interval, "keyed");
+        }
+        Ok(Keyed { inner })
+    }
+}
+
+impl<K, L, S> Inner<K, L, S>
+where
+    K: Hash + Eq,
+    L: Limiter + Clone,
+    S: BuildHasher,
+{
+    fn make(&self) -> Option<L> {
+        let _entered = self.runtime.as_ref().map(tokio::runtime::Handle::enter);
+        match (self.factory)() {
+            Ok(limiter) => Some(limiter),
+            Err(error) => {
+                tracing::error!(%error, "keyed: the limiter factory failed");
+                None
+            }
+        }
+    }
+
+    /// Runs `f` on `key`'s limiter (built if new) under its shard's read
+    /// lock.
+    fn with<Q, R>(&self, key: &Q, force: bool, f: impl FnOnce(&L) -> R) -> Result<R, Unavailable>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned + ?Sized,
+        Q::Owned: Into<K>,
+    {
+        let (out, first) = self
+            .map
+            .get_or_insert(key, || self.make(), L::is_fresh, force, f)?;
+        if first {
+            if let Some(notify) = &self.sweeper {
+                notify.notify_one();
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl<K, L, S> Sweep for Inner<K, L, S>
+where
+    K: Hash + Eq + Send + Sync + 'static,
+    L: Limiter + Clone + 'static,
+    S: BuildHasher + Send + Sync + 'static,
+{
+    fn sweep(&self) -> usize {
+        self.map.sweep_all(L::is_fresh)
+    }
+}
+
+impl<K, L, S> Drop for Inner<K, L, S> {
+    fn drop(&mut self) {
+        if let Some(notify) = &self.sweeper {
+            notify.notify_one();
+        }
+    }
+}
+
+impl<K, L> Keyed<K, L>
+where
+    K: Hash + Eq + Send + Sync + 'static,
+    L: Limiter + Clone + 'static,
+{
+    /// A builder; [`limiter`](Builder::limiter) is required.
+    pub fn builder() -> Builder<K, L> {
+        Builder::default()
+    }
+}
+
+impl<K, L, S> Keyed<K, L, S>
+where
+    K: Hash + Eq + Send + Sync + 'static,
+    L: Limiter + Clone + 'static,
+    S: BuildHasher + Send + Sync + 'static,
+{
+    /// Takes one permit from `key`'s limiter if available now.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_acquire_many`](Self::try_acquire_many).
+    pub fn try_acquire<Q>(&self, key: &Q) -> Result<(), TryAcquireError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned + ?Sized,
+        Q::Owned: Into<K>,
+    {
+        self.try_acquire_many(key, 1)
+    }
+
+    /// Takes `n` permits from `key`'s limiter if available now.
+    ///
+    /// # Errors
+    ///
+    /// Whatever the limiter answers; `Limited` (with an estimate of when a
+    /// slot may free up) for a new key refused by `max_keys`; `Closed` if
+    /// the factory failed for a new key.
+    pub fn try_acquire_many<Q>(&self, key: &Q, n: u32) -> Result<(), TryAcquireError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned + ?Sized,
+        Q::Owned: Into<K>,
+    {
+        match self.inner.with(key, false, |l| l.try_acquire_many(n)) {
+            Ok(result) => result,
+            Err(Unavailable::Refused { retry_after }) => {
+                Err(TryAcquireError::Limited { retry_after })
+            }
+            Err(Unavailable::Failed) => Err(TryAcquireError::Closed),
+        }
+    }
+
+    /// Waits for one permit from `key`'s limiter.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_many`](Self::acquire_many).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire_many`](Self::acquire_many).
+    pub async fn acquire<Q>(&self, key: &Q) -> Result<(), AcquireError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned + Sync + ?Sized,
+        Q::Owned: Into<K>,
+    {
+        self.acquire_many(key, 1).await
+    }
+
+    /// Waits for `n` permits from `key`'s limiter (built if new), as that
+    /// limiter's `acquire_many` does. A new key refused by `max_keys` waits
+    /// until a slot frees up.
+    ///
+    /// # Errors
+    ///
+    /// Whatever the limiter's `acquire_many` answers; `Closed` if the factory
+    /// failed for a new key.
+    ///
+    /// # Cancel safety
+    ///
+    /// As the limiter's `acquire_many`.
+    pub async fn acquire_many<Q>(&self, key: &Q, n: u32) -> Result<(), AcquireError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned + Sync + ?Sized,
+        Q::Owned: Into<K>,
+    {
+        loop {
+            match self.inner.with(key, false, L::clone) {
+                // The clone keeps the key from being evicted while we wait.
+                Ok(limiter) => return limiter.acquire_many(n).await,
+                Err(Unavailable::Refused { retry_after }) => {
+                    tokio::time::sleep(retry_after).await;
+                }
+                Err(Unavailable::Failed) => return Err(AcquireError::Closed),
+            }
+        }
+    }
+
+    /// The limiter of `key`, built if new. Holding the handle keeps the key
+    /// from being evicted. `get` always succeeds: a new key is added even
+    /// past `max_keys` (use `try_acquire`/`acquire` for admission control).
+    ///
+    /// # Panics
+    ///
+    /// If the factory fails for a new key (it succeeded when the map was
+    /// built, so only a factory that changes its mind can).
+    pub fn get<Q>(&self, key: &Q) -> L
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned + ?Sized,
+        Q::Owned: Into<K>,
+    {
+        self.inner
+            .with(key, true, L::clone)
+            .expect("the limiter factory failed for a new key")
+    }
+
+    /// Keys held now (including fresh ones not swept yet).
+    pub fn len(&self) -> usize {
+        self.inner.map.len()
+    }
+
+    /// Whether no key is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Keys held, evicted and refused so far.
+    pub fn stats(&self) -> KeyedStats {
+        self.inner.map.stats()
+    }
+
+    /// Drops every fresh key now (the crate also does this on its own).
+    /// Returns the keys left.
+    pub fn sweep(&self) -> usize {
+        self.inner.sweep()
+    }
+}
+
+impl<K, L, S> fmt::Debug for Keyed<K, L, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Keyed")
+            .field("stats", &self.inner.map.stats())
+            .finish_non_exhaustive()
+    }
+}
