@@ -137,12 +137,20 @@ impl Params {
 
     /// Scaled units as a duration, rounded up to the next nanosecond.
     pub(crate) fn duration_ceil(&self, scaled: u128) -> Duration {
+        // The common cases divide in 64 bits (or not at all): a 128-bit
+        // division is a library call.
+        if let Ok(small) = u64::try_from(scaled) {
+            return Duration::from_nanos(small.div_ceil(self.den));
+        }
         nanos_to_duration(scaled.div_ceil(u128::from(self.den)))
     }
 
     /// Scaled units in whole nanoseconds, rounded down.
     pub(crate) fn nanos_floor(&self, scaled: u128) -> u128 {
-        scaled / u128::from(self.den)
+        match u64::try_from(scaled) {
+            Ok(small) => u128::from(small / self.den),
+            Err(_) => scaled / u128::from(self.den),
+        }
     }
 
     /// The meter: pours `n` units at `now` if they fit.
@@ -246,6 +254,9 @@ fn gcd(mut a: u64, mut b: u64) -> u64 {
 /// Nanoseconds as a `Duration`, saturating at `Duration::MAX`.
 pub(crate) fn nanos_to_duration(nanos: u128) -> Duration {
     const NANOS_PER_SEC: u128 = 1_000_000_000;
+    if let Ok(small) = u64::try_from(nanos) {
+        return Duration::from_nanos(small);
+    }
     match u64::try_from(nanos / NANOS_PER_SEC) {
         // The remainder is below 10⁹, so it fits in a u32.
         Ok(secs) => Duration::new(secs, (nanos % NANOS_PER_SEC) as u32),
