@@ -112,7 +112,9 @@ const EXTRA_GRID: f64 = 65_536.0;
 ///   here time is exact to `2⁻³²` ns and waits are rounded *up* to the
 ///   nanosecond. So waits can differ from Guava's by under a microsecond per
 ///   reservation, and rates above 10⁶/s keep limiting (Guava's truncation
-///   makes a permit free there). Rates are taken as the simplest fraction
+///   makes a permit free there). A request that arrives after the next free
+///   ticket but not after it rounded up to the nanosecond (the instant a
+///   wait told its caller) is on time: that sub-nanosecond is not idle time. Rates are taken as the simplest fraction
 ///   within one part in 10¹⁵ of the float, as [`Rate::per_second_f64`]
 ///   does, and rates above 10⁹/s (a permit per less than a nanosecond) are
 ///   refused.
@@ -473,15 +475,7 @@ impl SmoothState {
     /// assert_eq!(limiter.stored_permits(ms(5000)), 10.0);
     /// ```
     pub fn stored_permits(&self, now: Duration) -> f64 {
-        let now = fixed(now);
-        let stored = if now > self.next_free {
-            self.stored
-                .saturating_add(now - self.next_free)
-                .min(self.max_stored)
-        } else {
-            self.stored
-        };
-        self.to_permits(stored)
+        self.to_permits(self.idle_stored(fixed(now)).unwrap_or(self.stored))
     }
 
     /// The most permits that can be stored: `rate × max_burst` (bursty), or
@@ -512,13 +506,28 @@ impl SmoothState {
 
     /// Turns idle time before `now` into stored time.
     fn resync(&mut self, now: u128) {
-        if now > self.next_free {
-            self.stored = self
-                .stored
-                .saturating_add(now - self.next_free)
-                .min(self.max_stored);
+        if let Some(stored) = self.idle_stored(now) {
+            self.stored = stored;
             self.next_free = now;
         }
+    }
+
+    /// The stored time with the idle time up to `now` added, or `None` when
+    /// there is no idle time.
+    ///
+    /// A caller that comes back at the instant it was told to — the next
+    /// free ticket rounded up to the nanosecond, as waits are — is on time,
+    /// not idle: otherwise the rounding would be stored on every request,
+    /// and a warm-up limiter (whose stored permits cost the stable interval
+    /// like fresh ones) would drift by up to a nanosecond per request.
+    fn idle_stored(&self, now: u128) -> Option<u128> {
+        // `next_free` ≤ `MAX_TIME`, a whole number of nanoseconds: no overflow.
+        let on_time = self.next_free.div_ceil(NANO) * NANO;
+        (now > on_time).then(|| {
+            self.stored
+                .saturating_add(now - self.next_free)
+                .min(self.max_stored)
+        })
     }
 
     /// Spends stored permits first and returns the cost of `n` permits, in
@@ -862,6 +871,43 @@ mod tests {
         let mut s = SmoothState::bursty(2e6, Duration::ZERO).unwrap();
         s.reserve(ms(0), 1);
         assert_eq!(s.reserve(ms(0), 1), Duration::from_nanos(500));
+    }
+
+    #[test]
+    fn a_caller_back_at_its_instant_is_on_time() {
+        // A caller that retries at the next free ticket (as `retry_after`
+        // tells it, rounded up to the nanosecond) is on time. Were the
+        // rounding (142.857… ns → 143 ns) idle time, a warm limiter, whose
+        // stored permits cost the stable interval like fresh ones, would
+        // deliver one permit per 143 ns instead of 7 M/s.
+        for mut s in [
+            SmoothState::warming_up(7e6, us(10), 3.0).unwrap(),
+            SmoothState::warming_up(7e6, Duration::ZERO, 3.0).unwrap(),
+            SmoothState::bursty(7e6, Duration::ZERO).unwrap(),
+        ] {
+            let mut now = Duration::ZERO;
+            for _ in 0..1000 {
+                now += s.reserve(now, 1); // warm up
+            }
+            let from = s.next_free();
+            let mut granted = 0;
+            while granted < 700_000 {
+                match s.try_reserve(now, 1, Duration::ZERO) {
+                    Some(_) => granted += 1,
+                    None => now = s.next_free(),
+                }
+            }
+            let span = s.next_free().saturating_sub(from);
+            assert!(
+                span.abs_diff(ms(100)) <= Duration::from_nanos(1),
+                "{span:?}"
+            );
+        }
+        // Later than that is idle time.
+        let mut s = SmoothState::bursty(7e6, Duration::from_secs(1)).unwrap();
+        s.reserve(ms(0), 1); // next free at 142.857… ns
+        assert_eq!(s.stored_permits(Duration::from_nanos(143)), 0.0);
+        assert!(s.stored_permits(Duration::from_nanos(144)) > 0.0);
     }
 
     #[test]
