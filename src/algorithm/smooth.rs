@@ -38,15 +38,19 @@
 //! # Exact time
 //!
 //! Time is fixed point: `2⁻³²` ns units in a `u128` (more than enough for
-//! `Duration::MAX`). The stable interval is the rate's exact fraction
-//! ([`Rate::per_second_f64`]) rounded *down* to a unit, so fresh permits cost
-//! an exact integer, nothing drifts (relative error below `2.4 × 10⁻¹⁰` even
-//! at 10⁹/s), and `k` permits never cost more than `k / rate`: after an idle
-//! second, a limiter at 7/s really has 7 free permits. The warm-up extra is
-//! computed in `f64` (it only applies to stored permits above the threshold,
-//! at most one warm-up period per cooling) and rounded to `2⁻¹⁶` ns, so that
-//! round numbers come out exact. Waits are returned rounded up to the
-//! nanosecond: never before their time.
+//! `Duration::MAX`). The stable interval is Guava's own double, `1e6 / rate`
+//! µs, taken at its exact value and rounded *down* to a unit: fresh permits
+//! cost an exact integer, so nothing drifts (relative error below
+//! `2.4 × 10⁻¹⁰` even at 10⁹/s), and the cost of `i32::MAX` permits is
+//! Guava's up to its final rounding (Guava rounds the product to a double,
+//! then truncates it to a microsecond). Stored time is exact, so a bursty
+//! request whose remaining cost is within the interval's rounding (a part
+//! in 2⁴⁰) costs nothing: after an idle second, a limiter at 7/s has 7 free
+//! permits even though `1e6 / 7` rounds up. The warm-up extra is computed in
+//! `f64` (it only applies to stored permits above the threshold, at most
+//! one warm-up period per cooling) and rounded to `2⁻¹⁶` ns, so that round
+//! numbers come out exact. Waits are returned rounded up to the nanosecond:
+//! never before their time.
 
 use std::time::Duration;
 
@@ -59,6 +63,8 @@ const FRAC: u32 = 32;
 const NANO: u128 = 1 << FRAC;
 /// The latest representable instant (`Duration::MAX`); later ones saturate.
 const MAX_TIME: u128 = (Duration::MAX.as_nanos()) << FRAC;
+/// A bursty request's cost below `2⁻⁴⁰` of its full cost is rounding noise.
+const NOISE_BITS: u32 = 40;
 /// The warm-up extra is rounded to this many units (2⁻¹⁶ ns).
 const EXTRA_GRID: f64 = 65_536.0;
 
@@ -66,8 +72,8 @@ const EXTRA_GRID: f64 = 65_536.0;
 /// pure state machine: no clock, no tokio, no allocation.
 ///
 /// Time comes in as `now`, a [`Duration`] since an origin of your choice
-/// (the limiter's creation, as Guava's stopwatch); it must not go
-/// backwards. [`reserve`](Self::reserve) is Guava's `acquire(permits)`: it
+/// (the limiter's creation, as Guava's stopwatch). It is meant not to go
+/// backwards; if it does, nothing panics; the call just sees more debt. [`reserve`](Self::reserve) is Guava's `acquire(permits)`: it
 /// takes the permits and returns how long the caller must wait before
 /// using them. [`try_reserve`](Self::try_reserve) is
 /// `tryAcquire(permits, timeout)`, and [`set_rate`](Self::set_rate) is
@@ -538,7 +544,12 @@ impl SmoothState {
             // Bursty: stored permits are free.
             let spent = self.stored.min(fresh);
             self.stored -= spent;
-            return fresh - spent;
+            let cost = fresh - spent;
+            // The stored time is exact but the interval is a double's value:
+            // a remainder within its rounding is no cost (after an idle
+            // second at 7/s, 1e6 / 7 rounds up a hair, and all 7 stored
+            // permits must still be free, as in Guava).
+            return if cost <= fresh >> NOISE_BITS { 0 } else { cost };
         };
         // Warm-up: every permit costs the stable interval, plus an extra
         // for those taken above the threshold.
@@ -594,14 +605,14 @@ fn duration_ceil(units: u128) -> Duration {
     nanos_to_duration(units.div_ceil(NANO))
 }
 
-/// The stable interval of a rate in permits per second, in units, rounded
-/// down.
+/// The stable interval of a rate in permits per second, in units: Guava's
+/// own double `1e6 / rate` µs, at its exact value, rounded down to a unit.
 fn interval(permits_per_second: f64) -> Result<u128, ConfigError> {
-    let rate = Rate::per_second_f64(permits_per_second);
-    rate.validate()?;
-    // period ≤ u64::MAX ns, so the shift fits; permits ≤ period (≥ 1 ns per
-    // permit), so the interval is at least one nanosecond.
-    Ok((u128::from(rate.period_nanos()) << FRAC) / u128::from(rate.permits()))
+    // The same checks (and messages) as every other limiter's rate.
+    Rate::per_second_f64(permits_per_second).validate()?;
+    let micros = 1e6 / permits_per_second;
+    // At most 10⁹/s: at least one nanosecond (0.001 µs rounds up a hair).
+    Ok(mul_ratio(1000 * NANO, micros).max(NANO))
 }
 
 /// `floor(value × ratio)` for a finite `ratio ≥ 0`, exactly (the float is
@@ -691,12 +702,17 @@ mod tests {
     }
 
     #[test]
-    fn interval_is_the_exact_fraction_rounded_down() {
+    fn interval_is_guavas_double_at_its_exact_value() {
         assert_eq!(interval(5.0).unwrap(), 200_000_000 * NANO);
-        assert_eq!(interval(3.0).unwrap(), (1_000_000_000 * NANO) / 3);
-        assert_eq!(interval(7e6).unwrap(), (1000 * NANO) / 7);
         assert_eq!(interval(0.1).unwrap(), 10_000_000_000 * NANO);
+        assert_eq!(interval(2e6).unwrap(), 500 * NANO);
         assert_eq!(interval(1e9).unwrap(), NANO);
+        // 1e6 / 3 µs is 333 333.333 333 333 313 9… as a double.
+        assert_eq!(interval(3.0).unwrap(), mul_ratio(1000 * NANO, 1e6 / 3.0));
+        let third = (1_000_000_000 * NANO) / 3;
+        assert!(third - interval(3.0).unwrap() < NANO / 10_000_000);
+        let seventh = (1000 * NANO) / 7;
+        assert!(interval(7e6).unwrap().abs_diff(seventh) < 2);
         for bad in [f64::NAN, f64::INFINITY, -1.0, 0.0, 1.5e9, 1e-12] {
             assert!(
                 matches!(interval(bad), Err(ConfigError::InvalidRate { .. })),
