@@ -2,9 +2,9 @@
 //!
 //! `tokio-ratelimit` implements the classic algorithms — the token bucket,
 //! the leaky bucket (as a meter and as a shaper), the funnel, and Guava's
-//! smooth limiters — as limiters that async services `.await`, exact to the nanosecond at any
-//! rate, FIFO-fair, cancel-safe, and testable in virtual time with tokio's
-//! paused clock.
+//! smooth limiters — as limiters that async services `.await`, exact to the
+//! nanosecond at any rate, FIFO-fair, cancel-safe, and testable in virtual
+//! time with tokio's paused clock.
 //!
 //! ```
 //! use std::time::Duration;

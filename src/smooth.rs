@@ -76,6 +76,10 @@ use crate::{AcquireError, ConfigError, TryAcquireError, clock};
 ///   tick together).
 /// * **No capacity.** Any number of permits can be asked for at once (Guava
 ///   pays any weight later), so `InsufficientCapacity` is never returned.
+/// * **Window bound.** In any window of length `T`, at most
+///   `permits_per_second × (max_burst + T)` permits are granted, plus one
+///   request (the last, which pays later); grants to waiters come on tokio's
+///   1 ms ticks, so for them the bound holds with one tick of slack.
 /// * **`try_acquire`** is Guava's `tryAcquire()`: it succeeds when there is
 ///   no debt now, and otherwise answers
 ///   [`Limited { retry_after }`](TryAcquireError::Limited) with the exact
@@ -140,9 +144,11 @@ pub struct SmoothBursty {
 /// that paces at the stable rate (Guava's stops limiting), and a cold factor
 /// of 1 turns the warm-up off.
 ///
-/// Everything else — cheap handle, no task, FIFO, no capacity,
-/// `try_acquire` and `acquire_timeout` as Guava's `tryAcquire`,
-/// cancellation, close — is as for [`SmoothBursty`].
+/// Stored permits are never free here, so in any window of length `T` at
+/// most `permits_per_second × T` permits are granted, plus one request (one
+/// tick of slack for waiters). Everything else — cheap handle, no task,
+/// FIFO, no capacity, `try_acquire` and `acquire_timeout` as Guava's
+/// `tryAcquire`, cancellation, close — is as for [`SmoothBursty`].
 ///
 /// # Examples
 ///
@@ -513,12 +519,14 @@ macro_rules! smooth_handle {
                 self.core.close();
             }
 
-            /// Whether [`close`](Self::close) has been called.
+            /// Whether [`close`](Self::close) has been called (see its
+            /// example).
             pub fn is_closed(&self) -> bool {
                 self.core.is_closed()
             }
 
-            /// The stable rate, in permits per second.
+            /// The stable rate, in permits per second (see
+            /// [`set_rate`](Self::set_rate)).
             pub fn rate(&self) -> f64 {
                 self.core.lock().state.rate()
             }

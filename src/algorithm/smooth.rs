@@ -116,13 +116,14 @@ const EXTRA_GRID: f64 = 65_536.0;
 ///
 /// * **Finer time.** Guava truncates every cost to a whole microsecond;
 ///   here time is exact to `2⁻³²` ns and waits are rounded *up* to the
-///   nanosecond. So waits can differ from Guava's by under a microsecond per
-///   reservation, and rates above 10⁶/s keep limiting (Guava's truncation
-///   makes a permit free there). A request that arrives after the next free
+///   nanosecond. So waits differ from Guava's by its truncation: under a
+///   microsecond per cost term (a warm-up reservation has up to three), and
+///   rates above 10⁶/s keep limiting (Guava's truncation makes a permit
+///   free there). The stable interval is Guava's own double, `1e6 / rate`
+///   µs, at its exact value. A request that arrives after the next free
 ///   ticket but not after it rounded up to the nanosecond (the instant a
-///   wait told its caller) is on time: that sub-nanosecond is not idle time. Rates are taken as the simplest fraction
-///   within one part in 10¹⁵ of the float, as [`Rate::per_second_f64`]
-///   does, and rates above 10⁹/s (a permit per less than a nanosecond) are
+///   wait told its caller) is on time: that sub-nanosecond is not idle
+///   time. Rates above 10⁹/s (a permit per less than a nanosecond) are
 ///   refused.
 /// * **Bad input is an error**, never a limiter that stops limiting: a
 ///   NaN, infinite, zero or negative rate is
@@ -423,6 +424,18 @@ impl SmoothState {
     }
 
     /// The stable rate, in permits per second, as given.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokio_ratelimit::algorithm::SmoothState;
+    ///
+    /// let mut limiter = SmoothState::bursty(2.5, Duration::from_secs(1)).unwrap();
+    /// assert_eq!(limiter.rate(), 2.5);
+    /// limiter.set_rate(Duration::ZERO, 40.0).unwrap();
+    /// assert_eq!(limiter.rate(), 40.0);
+    /// ```
     pub fn rate(&self) -> f64 {
         self.rate
     }
@@ -501,11 +514,25 @@ impl SmoothState {
     }
 
     /// The warm-up period; `None` for a bursty limiter.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokio_ratelimit::algorithm::SmoothState;
+    ///
+    /// let secs = Duration::from_secs;
+    /// let warm = SmoothState::warming_up(10.0, secs(2), 4.0).unwrap();
+    /// assert_eq!((warm.warmup(), warm.cold_factor()), (Some(secs(2)), Some(4.0)));
+    /// let bursty = SmoothState::bursty(10.0, secs(2)).unwrap();
+    /// assert_eq!((bursty.warmup(), bursty.cold_factor()), (None, None));
+    /// ```
     pub fn warmup(&self) -> Option<Duration> {
         self.warm.map(|w| w.warmup)
     }
 
-    /// The cold factor; `None` for a bursty limiter.
+    /// The cold factor; `None` for a bursty limiter (see
+    /// [`warmup`](Self::warmup)).
     pub fn cold_factor(&self) -> Option<f64> {
         self.warm.map(|w| w.cold_factor)
     }
