@@ -36,7 +36,8 @@
 //! The first three are the same exact arithmetic ([`algorithm`]): a funnel,
 //! a leaky bucket's meter and a token bucket that starts full admit exactly
 //! the same requests. The smooth limiters follow Guava's reservation model
-//! ([`algorithm::SmoothState`]), conformant with Guava's own test sequences.
+//! and reproduce its arithmetic bit for bit, in whole microseconds
+//! ([`algorithm::SmoothState`]).
 //! Every limiter implements [`Limiter`], so a service can choose one from
 //! configuration and hold an `Arc<dyn Limiter>`.
 //!

@@ -62,9 +62,11 @@ use crate::{AcquireError, ConfigError, TryAcquireError, clock};
 /// request is free whatever its size, a large request goes at once and the
 /// next one pays for it, and after an idle period of at least `max_burst`,
 /// `permits_per_second × max_burst` permits are free, and one more request
-/// after them. The exact semantics, and where they deliberately differ from
-/// Guava (finer time, errors instead of limiters that stop limiting), are
-/// those of [`SmoothState::bursty`], which this handle calls.
+/// after them. The exact semantics — Guava's arithmetic, bit for bit, in
+/// whole microseconds — and where they deliberately differ from Guava
+/// (errors instead of limiters that stop limiting, rates above 10⁶/s that
+/// keep limiting) are those of [`SmoothState::bursty`], which this handle
+/// calls.
 ///
 /// A cheap handle (one `Arc`; clones share the limiter). Nothing is
 /// spawned: a caller reserves its turn under a short lock and sleeps its
@@ -78,7 +80,9 @@ use crate::{AcquireError, ConfigError, TryAcquireError, clock};
 ///   pays any weight later), so `InsufficientCapacity` is never returned.
 /// * **Window bound.** In any window of length `T`, at most
 ///   `permits_per_second × (max_burst + T)` permits are granted, plus one
-///   request (the last, which pays later); grants to waiters come on tokio's
+///   request (the last, which pays later), with `T` lengthened by 1 µs per
+///   request in the window for Guava's truncation (a request can cost up to
+///   1 µs less than its weight / rate); grants to waiters come on tokio's
 ///   1 ms ticks, so for them the bound holds with one tick of slack.
 /// * **`try_acquire`** is Guava's `tryAcquire()`: it succeeds when there is
 ///   no debt now, and otherwise answers
@@ -146,9 +150,11 @@ pub struct SmoothBursty {
 ///
 /// Stored permits are never free here, so in any window of length `T` at
 /// most `permits_per_second × T` permits are granted, plus one request (one
-/// tick of slack for waiters). Everything else — cheap handle, no task,
-/// FIFO, no capacity, `try_acquire` and `acquire_timeout` as Guava's
-/// `tryAcquire`, cancellation, close — is as for [`SmoothBursty`].
+/// tick of slack for waiters, and `T` lengthened by up to 3 µs per request
+/// for Guava's truncation: 1 µs per cost term). Everything else — cheap
+/// handle, no task, FIFO, no capacity, `try_acquire` and `acquire_timeout`
+/// as Guava's `tryAcquire`, cancellation, close — is as for
+/// [`SmoothBursty`].
 ///
 /// # Examples
 ///

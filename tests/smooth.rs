@@ -60,8 +60,10 @@ async fn paces_at_exact_instants() {
         log.record(1);
     }
     assert_eq!(log.offsets(), [0, 100, 200, 300, 400].map(ms));
-    // 3/s: thirds of a second, rounded up to the timer's millisecond tick,
-    // without drift.
+    // 3/s: Guava's 333 333 µs a permit (a third of a second, truncated to
+    // the microsecond), each due instant rounded up to the timer's
+    // millisecond tick: the 31st permit is due at 9.999 99 s, on the 10 s
+    // tick.
     let limiter = bursty(3.0);
     let start = Instant::now();
     for _ in 0..=30 {

@@ -1,11 +1,17 @@
 //! Property tests of the smooth limiters: once warm, grants are spaced by
-//! exactly `1 / rate` (to the nanosecond for `SmoothState`, within tokio's
-//! 1 ms timer tick for the async limiter); and over any window of length
-//! `T`, a bursty limiter never grants more than `max_burst × rate + rate × T`
-//! permits plus one request (the one that pays later), a warm-up limiter
-//! never more than `rate × T` plus one request — driving `SmoothState`
-//! directly with random arrivals and weights, and the async limiters in
-//! paused time.
+//! `1 / rate` (Guava's stable interval truncated to the microsecond for
+//! `SmoothState`, within tokio's 1 ms timer tick for the async limiter);
+//! and over any window of length `T`, a bursty limiter never grants more
+//! than `max_burst × rate + rate × T` permits plus one request (the one that
+//! pays later), a warm-up limiter never more than `rate × T` plus one
+//! request — driving `SmoothState` directly with random arrivals and
+//! weights, and the async limiters in paused time.
+//!
+//! The limiters reproduce Guava's arithmetic, which truncates each cost
+//! term to a whole microsecond: a request can cost up to 1 µs less than its
+//! weight / rate per term (at 0.1/s, `1e6 / 0.1` is 9 999 999.999… µs as a
+//! double, so a permit costs 9.999 999 s). So the bounds allow that much
+//! per request (in the window, or so far).
 
 use std::time::Duration;
 
@@ -84,14 +90,21 @@ enum Exclude {
     Heaviest,
 }
 
+/// How much cheaper than weight / rate a request can be, from Guava's
+/// truncation of each cost term to a microsecond: bursty, 1 µs (its fresh
+/// permits; stored ones are free); warm-up, 3 µs (its stored permits above
+/// the threshold, those below, and its fresh ones).
+const BURSTY_TRUNCATION: Duration = Duration::from_micros(1);
+const WARM_UP_TRUNCATION: Duration = Duration::from_micros(3);
+
 /// Checks every window `[g_i, g_j]` of the grants `(time, permits)`: all its
 /// permits but one request's are at most `rate × (burst + (g_j − g_i) +
-/// slack)`, exactly. Returns the first violation.
+/// slack + per_request × the requests in it)`, exactly. Returns the first
+/// violation.
 fn window_violation(
     grants: &[(Duration, u64)],
     rate: f64,
-    burst: Duration,
-    slack: Duration,
+    (burst, slack, per_request): (Duration, Duration, Duration),
     exclude: Exclude,
 ) -> Option<String> {
     let (permits, period) = exact(rate);
@@ -106,7 +119,8 @@ fn window_violation(
                 Exclude::Heaviest => sum - heaviest,
             };
             let span = grants[j].0.saturating_sub(grants[i].0);
-            let allowed = permits * (burst + span + slack).as_nanos();
+            let requests = u32::try_from(j - i + 1).unwrap();
+            let allowed = permits * (burst + span + slack + per_request * requests).as_nanos();
             if counted * period > allowed {
                 return Some(format!(
                     "{counted} permits (+1 request) in [{:?}, {:?}] at {rate}/s with a burst of {burst:?}",
@@ -155,10 +169,11 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
 
     /// Once the stored permits are spent, each request is due exactly its
-    /// predecessor's weight × the stable interval later: to the nanosecond,
-    /// with no drift over the run.
+    /// predecessor's weight × Guava's stable interval (`1e6 / rate` µs)
+    /// later, truncated to the microsecond: at most 1 µs less than weight /
+    /// rate, never more.
     #[test]
-    fn state_paces_exactly_once_warm(
+    fn state_paces_at_the_stable_interval_once_warm(
         rate in rate(),
         warmup in warmup(),
         cold_factor in cold_factor(),
@@ -179,21 +194,23 @@ proptest! {
         // ...and the next request pays for them.
         now += state.reserve(now, 1);
         let (permits, period) = exact(rate);
-        let first = now;
-        let mut paid = 1u128; // permits reserved since `first`
+        let mut previous = 1; // the weight the next wait pays for
         for &w in &weights {
-            now += state.reserve(now, w);
-            // `now - first` is `paid / rate`, rounded up to the nanosecond
-            // at both ends: within one nanosecond.
-            let exact_ns = paid * period; // × 1/permits
-            let since = now.saturating_sub(first);
-            let actual_ns = since.as_nanos() * permits;
+            let wait = state.reserve(now, w);
+            now += wait;
+            // Guava's `(long) (freshPermits * stableIntervalMicros)`.
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            let guava = Duration::from_micros((f64::from(previous) * (1e6 / rate)) as u64);
+            prop_assert_eq!(wait, guava);
+            // `previous / rate` (exactly: the rate as a fraction, 1 ns of
+            // slack for that fraction), less than 1 µs cheaper.
+            let exact_ns = u128::from(previous) * period; // × 1/permits
+            let actual_ns = wait.as_nanos() * permits;
             prop_assert!(
-                actual_ns.abs_diff(exact_ns) <= permits,
-                "after {} permits: {:?} from the first, want {}/{} ns",
-                paid, since, exact_ns, permits
+                actual_ns <= exact_ns + permits && actual_ns + 1000 * permits > exact_ns,
+                "{:?} for {} permits, want {}/{} ns", wait, previous, exact_ns, permits
             );
-            paid += u128::from(w);
+            previous = w;
         }
     }
 
@@ -208,9 +225,9 @@ proptest! {
     ) {
         let mut state = SmoothState::bursty(rate, max_burst).unwrap();
         let grants = drive(&mut state, &arrivals, max_burst);
-        // Waits are rounded up to the nanosecond: 1 ns of slack, plus a
-        // little for the interval's sub-nanosecond rounding.
-        let v = window_violation(&grants, rate, max_burst, Duration::from_nanos(2), Exclude::Last);
+        // 2 ns of slack for the rate as a fraction.
+        let slack = (max_burst, Duration::from_nanos(2), BURSTY_TRUNCATION);
+        let v = window_violation(&grants, rate, slack, Exclude::Last);
         prop_assert!(v.is_none(), "{}", v.unwrap_or_default());
     }
 
@@ -225,7 +242,8 @@ proptest! {
     ) {
         let mut state = SmoothState::warming_up(rate, warmup, cold_factor).unwrap();
         let grants = drive(&mut state, &arrivals, warmup);
-        let v = window_violation(&grants, rate, Duration::ZERO, Duration::from_nanos(2), Exclude::Last);
+        let slack = (Duration::ZERO, Duration::from_nanos(2), WARM_UP_TRUNCATION);
+        let v = window_violation(&grants, rate, slack, Exclude::Last);
         prop_assert!(v.is_none(), "{}", v.unwrap_or_default());
     }
 }
@@ -270,13 +288,14 @@ proptest! {
             grants.sort_by_key(|g| g.0);
             grants
         });
-        let v = window_violation(&grants, rate, max_burst, Duration::from_millis(1), Exclude::Heaviest);
+        let slack = (max_burst, Duration::from_millis(1), BURSTY_TRUNCATION);
+        let v = window_violation(&grants, rate, slack, Exclude::Heaviest);
         prop_assert!(v.is_none(), "{}", v.unwrap_or_default());
     }
 
     /// The async warm-up limiter in paused time: once warm, the grants of
-    /// an acquire loop are `1 / rate` apart, within tokio's 1 ms tick and
-    /// without drift.
+    /// an acquire loop are `1 / rate` apart, within tokio's 1 ms tick, and
+    /// with a drift of at most 1 µs per permit (Guava's truncation).
     #[test]
     fn async_warm_up_paces_once_warm(
         rate in prop_oneof![Just(1.0), Just(3.0), Just(7.0), Just(500.0), 1.0f64..500.0],
@@ -306,7 +325,7 @@ proptest! {
         for (k, t) in times.iter().enumerate() {
             let k = k as u128 + 1;
             let exact_ns = k * period; // × 1/permits
-            let tick = Duration::from_millis(1).as_nanos() * permits;
+            let tick = (Duration::from_millis(1).as_nanos() + 1000 * k) * permits;
             prop_assert!(
                 (t.as_nanos() * permits).abs_diff(exact_ns) <= tick,
                 "grant {} at {:?}, want {}/{} ns", k, t, exact_ns, permits

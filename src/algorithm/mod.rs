@@ -20,8 +20,9 @@
 //! kept in exact rational time: no float drift, no truncation, at 3/s as at
 //! 7 M/s. They agree with each other: a funnel of capacity `c` admits exactly
 //! what a token bucket of capacity `c` that starts full admits.
-//! [`SmoothState`] keeps Guava's semantics in fixed-point time, exact to
-//! `2⁻³²` ns, where Guava truncates to microseconds.
+//! [`SmoothState`] is Guava's own arithmetic, bit for bit: doubles, and
+//! whole microseconds (nanoseconds above 10⁶/s, where Guava's truncation
+//! makes every permit free).
 //!
 //! # Examples
 //!

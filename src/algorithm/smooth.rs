@@ -1,83 +1,46 @@
 //! Guava's `SmoothRateLimiter` (`SmoothBursty` and `SmoothWarmingUp`) as a
-//! pure state machine.
+//! pure state machine, with Guava's own arithmetic.
 //!
-//! # Guava's model
+//! This is a line-by-line port of Guava 31.1's `SmoothRateLimiter`,
+//! `SmoothBursty` and `SmoothWarmingUp` (and of the parts of `RateLimiter`
+//! that call them): the same `double`s (stored and maximum permits, the
+//! stable interval, the warm-up threshold and slope), the same order of
+//! floating-point operations, the same `(long)` truncation of every cost
+//! term (Rust's `as i64`: toward zero, saturating, NaN to 0), a `long`
+//! next-free ticket with `LongMath.saturatedAdd`, and `now` read truncated
+//! to the unit. So it gives Guava's answers bit for bit, truncation
+//! errors included (these are amplified on the warm-up trapezoid, so
+//! arithmetic finer than Guava's can differ from it by several
+//! microseconds per request).
 //!
-//! The state is the instant of the *next free ticket* and some *stored
-//! permits*. A request waits until the next free ticket (the debt left by
-//! the requests before it) and then pushes the ticket forward by its own
-//! cost: it pays later, so the first request is free whatever its size.
-//! Before each decision, idle time since the next free ticket turns into
-//! stored permits (up to a maximum), which are spent first: free for
-//! `SmoothBursty`, and along a trapezoid from `cold_factor × stable` down to
-//! the stable interval for `SmoothWarmingUp`.
-//!
-//! # Stored permits as time
-//!
-//! Guava keeps stored permits as a double and rescales them on `setRate`.
-//! Here they are kept as *stored time*: the idle time they were made of.
-//! Both of Guava's limiters fill at exactly one unit of stored time per unit
-//! of idle time (bursty: one permit per stable interval, up to
-//! `max_burst × rate` permits, i.e. up to `max_burst`; warm-up: `max / warmup`
-//! permits per unit of time, i.e. up to `warmup`), and Guava's proportional
-//! rescale on `setRate` (`stored × new max / old max`) leaves the stored
-//! time unchanged. So the stored time needs no rescaling, and it converts
-//! to permits at the current rate: one permit is worth one stable interval
-//! (bursty) or `warmup / max permits` = `2 (1 + c) / (c + 5)` stable
-//! intervals (warm-up, cold factor `c`).
-//!
-//! For the warm-up limiter the threshold sits at the fraction
-//! `(1 + c) / (c + 5)` of the warm-up period, whatever the rate. Stored time
-//! above it costs the stable interval plus an extra that grows linearly from
-//! zero at the threshold to `(c − 1) × stable` per permit at the top: taking
-//! stored time `y` from `x` above the threshold (of `l` in all) costs an
-//! extra `E × (y / l) × ((2x − y) / l)`, where `E = warmup × (c − 1) / (c + 1)`
-//! is the extra of the whole trapezoid (so the whole trapezoid costs exactly
-//! the warm-up period, as in Guava).
-//!
-//! # Exact time
-//!
-//! Time is fixed point: `2⁻³²` ns units in a `u128` (more than enough for
-//! `Duration::MAX`). The stable interval is Guava's own double, `1e6 / rate`
-//! µs, taken at its exact value and rounded *down* to a unit: fresh permits
-//! cost an exact integer, so nothing drifts (relative error below
-//! `2.4 × 10⁻¹⁰` even at 10⁹/s), and the cost of `i32::MAX` permits is
-//! Guava's up to its final rounding (Guava rounds the product to a double,
-//! then truncates it to a microsecond). Stored time is exact, so a bursty
-//! request whose remaining cost is within the interval's rounding (a part
-//! in 2⁴⁰) costs nothing: after an idle second, a limiter at 7/s has 7 free
-//! permits even though `1e6 / 7` rounds up. The warm-up extra is computed in
-//! `f64` (it only applies to stored permits above the threshold, at most
-//! one warm-up period per cooling) and rounded to `2⁻¹⁶` ns, so that round
-//! numbers come out exact. Waits are returned rounded up to the nanosecond:
-//! never before their time.
+//! The unit is Guava's microsecond, except where the stable interval is
+//! below one microsecond (above 10⁶ permits per second), where Guava's
+//! truncation makes every permit free: there the unit is the nanosecond,
+//! with the same formulas (`1e9 / rate` ns).
 
 use std::time::Duration;
 
 use super::gcra::nanos_to_duration;
 use crate::{ConfigError, Rate};
 
-/// Fraction bits of the fixed-point time.
-const FRAC: u32 = 32;
-/// One nanosecond in fixed-point units.
-const NANO: u128 = 1 << FRAC;
-/// The latest representable instant (`Duration::MAX`); later ones saturate.
-const MAX_TIME: u128 = (Duration::MAX.as_nanos()) << FRAC;
-/// A bursty request's cost below `2⁻⁴⁰` of its full cost is rounding noise.
-const NOISE_BITS: u32 = 40;
-/// The warm-up extra is rounded to this many units (2⁻¹⁶ ns).
-const EXTRA_GRID: f64 = 65_536.0;
+/// Guava's unit, the microsecond, in nanoseconds.
+const MICROS: u128 = 1000;
+/// The latest instant, in nanoseconds: Guava's `Long.MAX_VALUE` µs. The
+/// next free ticket saturates there (`LongMath.saturatedAdd`), and a later
+/// `now` is taken as this instant.
+const LATEST: u128 = i64::MAX as u128 * MICROS;
 
 /// Guava's smooth rate limiter — `SmoothBursty` or `SmoothWarmingUp` — as a
 /// pure state machine: no clock, no tokio, no allocation.
 ///
 /// Time comes in as `now`, a [`Duration`] since an origin of your choice
 /// (the limiter's creation, as Guava's stopwatch). It is meant not to go
-/// backwards; if it does, nothing panics; the call just sees more debt. [`reserve`](Self::reserve) is Guava's `acquire(permits)`: it
-/// takes the permits and returns how long the caller must wait before
-/// using them. [`try_reserve`](Self::try_reserve) is
-/// `tryAcquire(permits, timeout)`, and [`set_rate`](Self::set_rate) is
-/// `setRate`. The async [`SmoothBursty`](crate::SmoothBursty) and
+/// backwards; if it does, nothing panics; the call just sees more debt.
+/// [`reserve`](Self::reserve) is Guava's `acquire(permits)`: it takes the
+/// permits and returns how long the caller must wait before using them.
+/// [`try_reserve`](Self::try_reserve) is `tryAcquire(permits, timeout)`,
+/// and [`set_rate`](Self::set_rate) is `setRate`. The async
+/// [`SmoothBursty`](crate::SmoothBursty) and
 /// [`SmoothWarmingUp`](crate::SmoothWarmingUp) call exactly this.
 ///
 /// # Semantics (Guava's)
@@ -102,8 +65,8 @@ const EXTRA_GRID: f64 = 65_536.0;
 ///   `½ × warmup / stable`, maximum `threshold + 2 × warmup / (stable +
 ///   cold)`. Starts cold (full). Idle time cools it at `max / warmup`
 ///   permits per unit of time, so cooling from warm to cold takes the warm-up
-///   period, and spending the whole trapezoid costs exactly the warm-up
-///   period. A cold factor of 1 turns the warm-up off.
+///   period, and spending the whole trapezoid costs the warm-up period. A
+///   cold factor of 1 turns the warm-up off.
 /// * **`try_reserve`** succeeds when the *previous* debt fits in the timeout
 ///   (inclusive), whatever the size of the request; then it reserves like
 ///   `reserve`. When it fails, nothing changes (not even the resync).
@@ -112,34 +75,53 @@ const EXTRA_GRID: f64 = 65_536.0;
 ///   the old rate) and rescales the stored permits proportionally, so a full
 ///   bucket stays full and a cold limiter stays as cold.
 ///
+/// # Guava's arithmetic
+///
+/// The arithmetic is Guava's, bit for bit (see the module source): time in
+/// whole microseconds, `now` truncated to the microsecond, permits and
+/// intervals as doubles, and every cost term truncated to a whole
+/// microsecond. So, as in Guava:
+///
+/// * **A permit can be up to 1 µs cheaper than `1 / rate`**: each cost
+///   term of a reservation (its fresh permits; for the warm-up limiter,
+///   also its stored permits above and below the threshold) is truncated
+///   to a whole microsecond. At 3/s a permit costs 333 333 µs, so three
+///   one-permit requests cost 999 999 µs.
+/// * **Waits are whole microseconds**, counted from `now` truncated to the
+///   microsecond: a caller at 1.5 µs whose turn is at 3 µs is told to wait
+///   2 µs (it resumes at 3.5 µs, at most 1 µs late).
+///
+/// **Above 10⁶ permits per second** (a stable interval below 1 µs, where
+/// Guava's truncation makes every permit free), the unit is the nanosecond
+/// instead, with the same formulas: the stable interval is `1e9 / rate` ns,
+/// and a permit can be up to 1 ns cheaper. A [`set_rate`](Self::set_rate)
+/// across 10⁶/s switches the unit; the next free ticket is kept in
+/// nanoseconds, and a pending debt rounds *up* to the coarser unit, so no
+/// debt is lost.
+///
 /// # Deliberate differences from Guava
 ///
-/// * **Finer time.** Guava truncates every cost to a whole microsecond;
-///   here time is exact to `2⁻³²` ns and waits are rounded *up* to the
-///   nanosecond. So waits differ from Guava's by its truncation: under a
-///   microsecond per cost term (a warm-up reservation has up to three), and
-///   rates above 10⁶/s keep limiting (Guava's truncation makes a permit
-///   free there). The stable interval is Guava's own double, `1e6 / rate`
-///   µs, at its exact value. A request that arrives after the next free
-///   ticket but not after it rounded up to the nanosecond (the instant a
-///   wait told its caller) is on time: that sub-nanosecond is not idle
-///   time. Rates above 10⁹/s (a permit per less than a nanosecond) are
-///   refused.
+/// * **Rates above 10⁶/s keep limiting** (see above). Rates above 10⁹/s (a
+///   permit per less than a nanosecond) are refused.
 /// * **Bad input is an error**, never a limiter that stops limiting: a
 ///   NaN, infinite, zero or negative rate is
 ///   [`ConfigError::InvalidRate`] (Guava throws, or for an infinite rate
 ///   lets everything through); a cold factor below 1 or not finite is
 ///   [`ConfigError::InvalidParameter`] `{ name: "cold_factor", .. }`.
-/// * **A zero warm-up** gives a limiter with no stored permits: pure
-///   pacing at the stable rate, first request free (Guava's stored permits
-///   become NaN there and it stops limiting). A zero `max_burst` does the
-///   same for the bursty limiter, as in Guava.
+/// * **A zero warm-up** (or one below the unit) gives a limiter with no
+///   stored permits: pure pacing at the stable rate, first request free
+///   (Guava's cool-down interval is `0 / 0` there, its stored permits
+///   become NaN and it stops limiting). A zero `max_burst` does the same
+///   for the bursty limiter, as in Guava.
 /// * **`max_burst` and `cold_factor` are parameters** (Guava hard-codes 1 s
 ///   and 3 in its public API).
-/// * **Zero permits** is a no-op that waits for nothing (Guava throws).
-/// * Arithmetic saturates at `Duration::MAX` instead of overflowing: a
-///   century of uptime, `u32::MAX` permits at 0.1/s, or a `Duration::MAX`
-///   timeout all have defined results.
+/// * **Zero permits** is a no-op that waits for nothing (Guava throws);
+///   up to `u32::MAX` permits can be asked for (Guava: `i32::MAX`).
+/// * **Arithmetic saturates** where Java's `long` would wrap (the sum of
+///   two cost terms); a `now` beyond Guava's `Long.MAX_VALUE` µs (292 000
+///   years) is taken as that instant. A century of uptime, `u32::MAX`
+///   permits at the slowest rate or a `Duration::MAX` timeout all have
+///   defined results.
 ///
 /// # Examples
 ///
@@ -181,37 +163,59 @@ const EXTRA_GRID: f64 = 65_536.0;
 /// }
 /// assert_eq!(waits, [0, 1375, 1125, 875, 625, 500, 500, 500]);
 /// ```
+///
+/// Guava's truncation: at 3/s a permit costs 333 333 µs.
+///
+/// ```
+/// use std::time::Duration;
+/// use tokio_ratelimit::algorithm::SmoothState;
+///
+/// let mut limiter = SmoothState::bursty(3.0, Duration::ZERO).unwrap();
+/// for _ in 0..3 {
+///     limiter.reserve(Duration::ZERO, 1);
+/// }
+/// assert_eq!(limiter.next_free(), Duration::from_micros(999_999));
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct SmoothState {
     /// The rate as given, in permits per second.
     rate: f64,
-    /// The stable interval, in units, rounded down.
-    interval: u128,
-    /// The next free ticket, in units since the origin.
+    /// Nanoseconds per unit of time: [`MICROS`] (Guava's), or 1 when the
+    /// stable interval is below a microsecond.
+    unit: u128,
+    /// Guava's `stableIntervalMicros`, in units.
+    stable_interval: f64,
+    /// Guava's `storedPermits`.
+    stored_permits: f64,
+    /// Guava's `maxPermits`.
+    max_permits: f64,
+    /// Guava's `nextFreeTicketMicros`, in nanoseconds: a whole number of
+    /// units, at most [`LATEST`].
     next_free: u128,
-    /// Stored time, in units: `0..=max_stored`.
-    stored: u128,
-    /// The most stored time: `max_burst` (bursty) or `warmup` (warm-up).
-    max_stored: u128,
-    /// Warm-up parameters; `None` for the bursty limiter.
-    warm: Option<Warm>,
+    /// What differs between the two limiters.
+    kind: Kind,
 }
 
-/// The warm-up limiter's parameters.
 #[derive(Debug, Clone, Copy, PartialEq)]
-struct Warm {
-    warmup: Duration,
-    cold_factor: f64,
-    /// Stored time per permit over stable interval: `2 (1 + c) / (c + 5)`.
-    per_permit_ratio: f64,
-    /// Stored time one permit is worth (Guava's cool-down interval), in
-    /// units; depends on the rate.
-    per_permit: u128,
-    /// Stored time at the threshold, in units: `warmup × (1 + c) / (c + 5)`.
-    threshold: u128,
-    /// The extra cost (over the stable interval) of the whole trapezoid, in
-    /// ns: `warmup × (c − 1) / (c + 1)`.
-    extra_total: f64,
+enum Kind {
+    /// `SmoothBursty`.
+    Bursty {
+        /// Guava's `maxBurstSeconds` (1 s in its public API), as given.
+        max_burst: Duration,
+    },
+    /// `SmoothWarmingUp`.
+    WarmingUp {
+        /// The warm-up period as given.
+        warmup: Duration,
+        /// Guava's `coldFactor`.
+        cold_factor: f64,
+        /// Guava's `warmupPeriodMicros` (a `long`), in units.
+        warmup_units: f64,
+        /// Guava's `thresholdPermits`.
+        threshold_permits: f64,
+        /// Guava's `slope`.
+        slope: f64,
+    },
 }
 
 impl SmoothState {
@@ -243,14 +247,7 @@ impl SmoothState {
         permits_per_second: f64,
         max_burst: Duration,
     ) -> Result<SmoothState, ConfigError> {
-        Ok(SmoothState {
-            rate: permits_per_second,
-            interval: interval(permits_per_second)?,
-            next_free: 0,
-            stored: 0,
-            max_stored: fixed(max_burst),
-            warm: None,
-        })
+        SmoothState::create(permits_per_second, Kind::Bursty { max_burst })
     }
 
     /// Guava's `SmoothWarmingUp`: `permits_per_second` once warm, starting
@@ -287,35 +284,37 @@ impl SmoothState {
         warmup: Duration,
         cold_factor: f64,
     ) -> Result<SmoothState, ConfigError> {
-        let interval = interval(permits_per_second)?;
+        Rate::per_second_f64(permits_per_second).validate()?;
         if !cold_factor.is_finite() || cold_factor < 1.0 {
             return Err(ConfigError::InvalidParameter {
                 name: "cold_factor",
                 reason: "must be a finite number, at least 1",
             });
         }
-        let c = cold_factor;
-        let per_permit_ratio = 2.0 * (1.0 + c) / (c + 5.0);
-        let max_stored = fixed(warmup);
-        #[allow(clippy::cast_precision_loss)] // exact below 104 days, relative beyond
-        let warmup_ns = warmup.as_nanos() as f64;
-        let warm = Warm {
+        let kind = Kind::WarmingUp {
             warmup,
             cold_factor,
-            per_permit_ratio,
-            per_permit: mul_ratio(interval, per_permit_ratio),
-            threshold: mul_ratio(max_stored, (1.0 + c) / (c + 5.0)).min(max_stored),
-            extra_total: warmup_ns * (c - 1.0) / (c + 1.0),
+            warmup_units: 0.0,
+            threshold_permits: 0.0,
+            slope: 0.0,
         };
-        Ok(SmoothState {
-            rate: permits_per_second,
-            interval,
+        SmoothState::create(permits_per_second, kind)
+    }
+
+    /// Guava's `RateLimiter.create`: a fresh state (Java's zeroed fields),
+    /// then `setRate` at time zero.
+    fn create(permits_per_second: f64, kind: Kind) -> Result<SmoothState, ConfigError> {
+        let mut state = SmoothState {
+            rate: 0.0,
+            unit: MICROS,
+            stable_interval: 0.0,
+            stored_permits: 0.0,
+            max_permits: 0.0,
             next_free: 0,
-            // Starts cold: full.
-            stored: max_stored,
-            max_stored,
-            warm: Some(warm),
-        })
+            kind,
+        };
+        state.set_rate(Duration::ZERO, permits_per_second)?;
+        Ok(state)
     }
 
     /// Guava's `acquire(permits)`: takes `permits` at `now` and returns how
@@ -340,12 +339,8 @@ impl SmoothState {
         if permits == 0 {
             return Duration::ZERO;
         }
-        let now = fixed(now);
-        self.resync(now);
-        let ready = self.next_free;
-        let cost = self.cost(permits);
-        self.next_free = ready.saturating_add(cost).min(MAX_TIME);
-        duration_ceil(ready.saturating_sub(now))
+        let now = self.units(now);
+        self.reserve_and_get_wait_length(permits, now)
     }
 
     /// Guava's `tryAcquire(permits, timeout)`: `None` when the debt of the
@@ -379,10 +374,13 @@ impl SmoothState {
         if permits == 0 {
             return Some(Duration::ZERO);
         }
-        if self.next_free > fixed(now).saturating_add(fixed(timeout)) {
+        let now = self.units(now);
+        // `canAcquire`: `nextFreeTicketMicros - timeoutMicros <= nowMicros`.
+        let timeout = timeout.as_nanos() / self.unit;
+        if self.next_free / self.unit > now + timeout {
             return None;
         }
-        Some(self.reserve(now, permits))
+        Some(self.reserve_and_get_wait_length(permits, now))
     }
 
     /// Guava's `setRate`: changes the stable rate at `now`.
@@ -411,16 +409,77 @@ impl SmoothState {
     /// assert_eq!(limiter.reserve(ms(0), 1), ms(1100)); // new requests cost 100 ms
     /// ```
     pub fn set_rate(&mut self, now: Duration, permits_per_second: f64) -> Result<(), ConfigError> {
-        let interval = interval(permits_per_second)?;
-        self.resync(fixed(now));
-        self.interval = interval;
-        self.rate = permits_per_second;
-        if let Some(warm) = &mut self.warm {
-            warm.per_permit = mul_ratio(interval, warm.per_permit_ratio);
+        Rate::per_second_f64(permits_per_second).validate()?;
+        let now = now.as_nanos().min(LATEST);
+        self.resync(now / self.unit);
+        // Guava's `SECONDS.toMicros(1L) / permitsPerSecond`; in nanoseconds
+        // where that is below a microsecond.
+        let (unit, stable_interval) = match 1e6 / permits_per_second {
+            micros if micros >= 1.0 => (MICROS, micros),
+            _ => (1, 1e9 / permits_per_second),
+        };
+        if unit != self.unit {
+            // A pending debt rounds up to the new unit (none is lost); no
+            // debt stays none.
+            self.next_free = if self.next_free > now {
+                self.next_free.div_ceil(unit) * unit
+            } else {
+                self.next_free / unit * unit
+            };
+            self.unit = unit;
         }
-        // The stored time is unchanged: that is Guava's proportional
-        // rescale of stored permits (see the module notes).
+        self.rate = permits_per_second;
+        self.stable_interval = stable_interval;
+        self.do_set_rate(permits_per_second);
         Ok(())
+    }
+
+    /// The subclasses' `doSetRate(permitsPerSecond, stableIntervalMicros)`.
+    #[allow(clippy::cast_precision_loss)] // Java's `long` to `double`
+    fn do_set_rate(&mut self, permits_per_second: f64) {
+        let stable_interval = self.stable_interval;
+        let old_max_permits = self.max_permits;
+        // Unreachable here (rates are finite and intervals at least one
+        // unit), kept as in Guava: an infinite maximum is not rescaled.
+        let from_infinite = old_max_permits == f64::INFINITY;
+        match &mut self.kind {
+            Kind::Bursty { max_burst } => {
+                self.max_permits = max_burst.as_secs_f64() * permits_per_second;
+                self.stored_permits = if from_infinite {
+                    self.max_permits
+                } else if old_max_permits == 0.0 {
+                    0.0 // initial state
+                } else {
+                    self.stored_permits * self.max_permits / old_max_permits
+                };
+            }
+            Kind::WarmingUp {
+                warmup,
+                cold_factor,
+                warmup_units,
+                threshold_permits,
+                slope,
+            } => {
+                *warmup_units = (warmup.as_nanos() / self.unit) as f64;
+                let cold_interval = stable_interval * *cold_factor;
+                *threshold_permits = 0.5 * *warmup_units / stable_interval;
+                self.max_permits =
+                    *threshold_permits + 2.0 * *warmup_units / (stable_interval + cold_interval);
+                // A zero warm-up has no trapezoid (Guava divides by zero).
+                *slope = if self.max_permits > *threshold_permits {
+                    (cold_interval - stable_interval) / (self.max_permits - *threshold_permits)
+                } else {
+                    0.0
+                };
+                self.stored_permits = if from_infinite {
+                    0.0
+                } else if old_max_permits == 0.0 {
+                    self.max_permits // initial state is cold
+                } else {
+                    self.stored_permits * self.max_permits / old_max_permits
+                };
+            }
+        }
     }
 
     /// The stable rate, in permits per second, as given.
@@ -440,8 +499,9 @@ impl SmoothState {
         self.rate
     }
 
-    /// The stable interval between permits, rounded down to a nanosecond
-    /// (the limiter uses it to `2⁻³²` ns).
+    /// The stable interval between permits, Guava's `1e6 / rate` µs (`1e9 /
+    /// rate` ns above 10⁶/s), rounded down to a nanosecond. A permit costs
+    /// it truncated to a whole microsecond (nanosecond).
     ///
     /// # Examples
     ///
@@ -452,13 +512,17 @@ impl SmoothState {
     /// let limiter = SmoothState::bursty(3.0, Duration::from_secs(1)).unwrap();
     /// assert_eq!(limiter.stable_interval(), Duration::from_nanos(333_333_333));
     /// ```
+    #[allow(
+        clippy::cast_precision_loss,
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss
+    )]
     pub fn stable_interval(&self) -> Duration {
-        nanos_to_duration(self.interval / NANO)
+        nanos_to_duration((self.stable_interval * self.unit as f64) as u128)
     }
 
-    /// The next free ticket: when the debt of the requests so far is paid,
-    /// rounded up to a nanosecond. A request at or after it waits for
-    /// nothing.
+    /// The next free ticket: when the debt of the requests so far is paid.
+    /// A request at or after it waits for nothing.
     ///
     /// # Examples
     ///
@@ -475,7 +539,7 @@ impl SmoothState {
     /// assert_eq!(limiter.next_free(), ms(1000));
     /// ```
     pub fn next_free(&self) -> Duration {
-        duration_ceil(self.next_free)
+        nanos_to_duration(self.next_free)
     }
 
     /// The permits stored at `now` (idle time counted up to `now`, without
@@ -494,7 +558,9 @@ impl SmoothState {
     /// assert_eq!(limiter.stored_permits(ms(5000)), 10.0);
     /// ```
     pub fn stored_permits(&self, now: Duration) -> f64 {
-        self.to_permits(self.idle_stored(fixed(now)).unwrap_or(self.stored))
+        let mut state = self.clone();
+        state.resync(state.units(now));
+        state.stored_permits
     }
 
     /// The most permits that can be stored: `rate × max_burst` (bursty), or
@@ -510,7 +576,7 @@ impl SmoothState {
     /// assert_eq!(limiter.max_permits(), 2.0);
     /// ```
     pub fn max_permits(&self) -> f64 {
-        self.to_permits(self.max_stored)
+        self.max_permits
     }
 
     /// The warm-up period; `None` for a bursty limiter.
@@ -528,157 +594,105 @@ impl SmoothState {
     /// assert_eq!((bursty.warmup(), bursty.cold_factor()), (None, None));
     /// ```
     pub fn warmup(&self) -> Option<Duration> {
-        self.warm.map(|w| w.warmup)
+        match self.kind {
+            Kind::Bursty { .. } => None,
+            Kind::WarmingUp { warmup, .. } => Some(warmup),
+        }
     }
 
     /// The cold factor; `None` for a bursty limiter (see
     /// [`warmup`](Self::warmup)).
     pub fn cold_factor(&self) -> Option<f64> {
-        self.warm.map(|w| w.cold_factor)
+        match self.kind {
+            Kind::Bursty { .. } => None,
+            Kind::WarmingUp { cold_factor, .. } => Some(cold_factor),
+        }
     }
 
-    /// Turns idle time before `now` into stored time.
+    /// `now` in whole units, as Guava's stopwatch reads it.
+    fn units(&self, now: Duration) -> u128 {
+        now.as_nanos().min(LATEST) / self.unit
+    }
+
+    /// `reserveAndGetWaitLength`: the wait, from `now` in units.
+    fn reserve_and_get_wait_length(&mut self, permits: u32, now: u128) -> Duration {
+        let moment_available = self.reserve_earliest_available(permits, now);
+        nanos_to_duration(moment_available.saturating_sub(now) * self.unit)
+    }
+
+    /// `reserveEarliestAvailable`: reserves and returns the moment the
+    /// caller may go, in units.
+    #[allow(clippy::cast_possible_truncation)] // Java's `(long)`
+    fn reserve_earliest_available(&mut self, required_permits: u32, now: u128) -> u128 {
+        self.resync(now);
+        let return_value = self.next_free / self.unit;
+        let required_permits = f64::from(required_permits);
+        let stored_permits_to_spend = required_permits.min(self.stored_permits);
+        let fresh_permits = required_permits - stored_permits_to_spend;
+        let wait = self
+            .stored_permits_to_wait_time(self.stored_permits, stored_permits_to_spend)
+            .saturating_add((fresh_permits * self.stable_interval) as i64);
+        // `LongMath.saturatedAdd`. Costs are never negative.
+        let wait = u128::try_from(wait).unwrap_or(0);
+        self.next_free = (self.next_free + wait * self.unit).min(LATEST);
+        self.stored_permits -= stored_permits_to_spend;
+        return_value
+    }
+
+    /// `storedPermitsToWaitTime`: the cost of taking `permits_to_take`
+    /// of the `stored_permits`, in units. Free for the bursty limiter.
+    #[allow(clippy::cast_possible_truncation)] // Java's `(long)`
+    fn stored_permits_to_wait_time(&self, stored_permits: f64, mut permits_to_take: f64) -> i64 {
+        let Kind::WarmingUp {
+            threshold_permits,
+            slope,
+            ..
+        } = self.kind
+        else {
+            return 0;
+        };
+        let permits_to_time = |permits: f64| self.stable_interval + permits * slope;
+        let available_permits_above_threshold = stored_permits - threshold_permits;
+        let mut micros = 0i64;
+        // The integral on the right part of the function (the climbing line).
+        if available_permits_above_threshold > 0.0 {
+            let permits_above_threshold_to_take =
+                available_permits_above_threshold.min(permits_to_take);
+            let length = permits_to_time(available_permits_above_threshold)
+                + permits_to_time(
+                    available_permits_above_threshold - permits_above_threshold_to_take,
+                );
+            micros = (permits_above_threshold_to_take * length / 2.0) as i64;
+            permits_to_take -= permits_above_threshold_to_take;
+        }
+        // The integral on the left part of the function (the horizontal line).
+        micros.saturating_add((self.stable_interval * permits_to_take) as i64)
+    }
+
+    /// `coolDownIntervalMicros`: the idle time, in units, that stores a
+    /// permit.
+    fn cool_down_interval(&self) -> f64 {
+        match self.kind {
+            Kind::Bursty { .. } => self.stable_interval,
+            Kind::WarmingUp { warmup_units, .. } => warmup_units / self.max_permits,
+        }
+    }
+
+    /// `resync`: turns idle time before `now` (in units) into stored
+    /// permits.
+    #[allow(clippy::cast_precision_loss)] // Java's `long` to `double`
     fn resync(&mut self, now: u128) {
-        if let Some(stored) = self.idle_stored(now) {
-            self.stored = stored;
-            self.next_free = now;
+        let next_free = self.next_free / self.unit;
+        if now > next_free {
+            // Without room, nothing is stored: Guava computes the same for
+            // the bursty limiter, and `0 / 0` (then NaN permits) for a
+            // zero warm-up.
+            if self.max_permits > 0.0 {
+                let new_permits = (now - next_free) as f64 / self.cool_down_interval();
+                self.stored_permits = self.max_permits.min(self.stored_permits + new_permits);
+            }
+            self.next_free = now * self.unit;
         }
-    }
-
-    /// The stored time with the idle time up to `now` added, or `None` when
-    /// there is no idle time.
-    ///
-    /// A caller that comes back at the instant it was told to — the next
-    /// free ticket rounded up to the nanosecond, as waits are — is on time,
-    /// not idle: otherwise the rounding would be stored on every request,
-    /// and a warm-up limiter (whose stored permits cost the stable interval
-    /// like fresh ones) would drift by up to a nanosecond per request.
-    fn idle_stored(&self, now: u128) -> Option<u128> {
-        // `next_free` ≤ `MAX_TIME`, a whole number of nanoseconds: no overflow.
-        let on_time = self.next_free.div_ceil(NANO) * NANO;
-        (now > on_time).then(|| {
-            self.stored
-                .saturating_add(now - self.next_free)
-                .min(self.max_stored)
-        })
-    }
-
-    /// Spends stored permits first and returns the cost of `n` permits, in
-    /// units.
-    fn cost(&mut self, n: u32) -> u128 {
-        let fresh = self.interval.saturating_mul(u128::from(n));
-        let Some(warm) = self.warm else {
-            // Bursty: stored permits are free.
-            let spent = self.stored.min(fresh);
-            self.stored -= spent;
-            let cost = fresh - spent;
-            // The stored time is exact but the interval is a double's value:
-            // a remainder within its rounding is no cost (after an idle
-            // second at 7/s, 1e6 / 7 rounds up a hair, and all 7 stored
-            // permits must still be free, as in Guava).
-            return if cost <= fresh >> NOISE_BITS { 0 } else { cost };
-        };
-        // Warm-up: every permit costs the stable interval, plus an extra
-        // for those taken above the threshold.
-        let taken = self
-            .stored
-            .min(warm.per_permit.saturating_mul(u128::from(n)));
-        let above = self.stored.saturating_sub(warm.threshold);
-        let from_above = above.min(taken);
-        let extra = if from_above == 0 {
-            0
-        } else {
-            warm.extra(from_above, above, self.max_stored - warm.threshold)
-        };
-        self.stored -= taken;
-        fresh.saturating_add(extra)
-    }
-
-    /// Stored time in permits at the current rate.
-    #[allow(clippy::cast_precision_loss)] // a float answer is wanted
-    fn to_permits(&self, stored: u128) -> f64 {
-        let per_permit = self.warm.map_or(self.interval, |w| w.per_permit);
-        stored as f64 / per_permit as f64
-    }
-}
-
-impl Warm {
-    /// The extra cost, in units, of taking stored time `y` from `x` above
-    /// the threshold (`0 < y ≤ x ≤ l`, `l` the stored time above the
-    /// threshold when cold): the area between the cost line and the stable
-    /// interval, `E × (y / l) × ((2x − y) / l)`.
-    #[allow(
-        clippy::cast_precision_loss,
-        clippy::cast_possible_truncation,
-        clippy::cast_sign_loss
-    )]
-    fn extra(&self, y: u128, x: u128, l: u128) -> u128 {
-        let (y, x, l) = (y as f64, x as f64, l as f64);
-        let ns = (self.extra_total * (y / l) * ((2.0 * x - y) / l)).clamp(0.0, self.extra_total);
-        // To the 2⁻¹⁶ ns grid: round numbers come out exact despite the
-        // float's last-bit errors. `as` saturates.
-        ((ns * EXTRA_GRID).round() as u128).saturating_mul(NANO / (1 << 16))
-    }
-}
-
-/// A duration in fixed-point units.
-fn fixed(d: Duration) -> u128 {
-    // At most 2⁹⁵ ns, so the shift cannot overflow.
-    d.as_nanos() << FRAC
-}
-
-/// Fixed-point units as a duration, rounded up to a nanosecond.
-fn duration_ceil(units: u128) -> Duration {
-    nanos_to_duration(units.div_ceil(NANO))
-}
-
-/// The stable interval of a rate in permits per second, in units: Guava's
-/// own double `1e6 / rate` µs, at its exact value, rounded down to a unit.
-fn interval(permits_per_second: f64) -> Result<u128, ConfigError> {
-    // The same checks (and messages) as every other limiter's rate.
-    Rate::per_second_f64(permits_per_second).validate()?;
-    let micros = 1e6 / permits_per_second;
-    // At most 10⁹/s: at least one nanosecond (0.001 µs rounds up a hair).
-    Ok(mul_ratio(1000 * NANO, micros).max(NANO))
-}
-
-/// `floor(value × ratio)` for a finite `ratio ≥ 0`, exactly (the float is
-/// taken at its exact binary value), saturating at `u128::MAX`.
-#[allow(clippy::cast_possible_truncation, clippy::cast_possible_wrap)]
-fn mul_ratio(value: u128, ratio: f64) -> u128 {
-    if ratio <= 0.0 || value == 0 {
-        return 0;
-    }
-    // ratio = mantissa × 2^exp exactly.
-    let bits = ratio.to_bits();
-    let biased = ((bits >> 52) & 0x7ff) as i32;
-    let fraction = u128::from(bits & ((1 << 52) - 1));
-    let (mantissa, exp) = if biased == 0 {
-        (fraction, -1074)
-    } else {
-        (fraction | (1 << 52), biased - 1075)
-    };
-    // value × mantissa as a 256-bit number (high, low).
-    let p_lo = (value & u128::from(u64::MAX)) * mantissa;
-    let p_hi = (value >> 64) * mantissa;
-    let low = p_lo.wrapping_add(p_hi << 64);
-    let high = (p_hi >> 64) + u128::from(low < p_lo);
-    if exp >= 0 {
-        let shift = exp.unsigned_abs();
-        if high != 0 || shift >= 128 || low.leading_zeros() < shift {
-            return u128::MAX;
-        }
-        return low << shift;
-    }
-    let shift = exp.unsigned_abs();
-    if shift >= 256 {
-        0
-    } else if shift >= 128 {
-        high >> (shift - 128)
-    } else if high >> shift != 0 {
-        u128::MAX
-    } else {
-        (low >> shift) | (high << (128 - shift))
     }
 }
 
@@ -695,6 +709,10 @@ mod tests {
         Duration::from_micros(n)
     }
 
+    fn ns(n: u64) -> Duration {
+        Duration::from_nanos(n)
+    }
+
     /// Waits of `n` back-to-back single-permit requests made at their turn.
     fn ramp(state: &mut SmoothState, start: Duration, n: usize) -> Vec<Duration> {
         let mut now = start;
@@ -708,44 +726,22 @@ mod tests {
     }
 
     #[test]
-    fn mul_ratio_is_exact() {
-        assert_eq!(mul_ratio(10, 0.5), 5);
-        assert_eq!(mul_ratio(11, 0.5), 5);
-        assert_eq!(mul_ratio(3, 1.0), 3);
-        assert_eq!(mul_ratio(1 << 100, 1.0), 1 << 100);
-        assert_eq!(mul_ratio(u128::MAX, 1.0), u128::MAX);
-        assert_eq!(mul_ratio(u128::MAX, 0.5), u128::MAX >> 1);
-        assert_eq!(mul_ratio(u128::MAX, 2.0), u128::MAX);
-        assert_eq!(mul_ratio(1 << 127, 2.0), u128::MAX);
-        assert_eq!(mul_ratio(1 << 126, 2.0), 1 << 127);
-        assert_eq!(mul_ratio(7, 0.0), 0);
-        assert_eq!(mul_ratio(1, f64::MIN_POSITIVE), 0);
-        // 0.1 is a little above one tenth as a double.
-        assert_eq!(
-            mul_ratio(1_000_000_000_000_000_000, 0.1),
-            100_000_000_000_000_005
-        );
-        assert_eq!(mul_ratio(NANO * 100, 1.2), 515_396_075_519); // floor(1.2 × 100 × 2³²)
-    }
-
-    #[test]
-    fn interval_is_guavas_double_at_its_exact_value() {
-        assert_eq!(interval(5.0).unwrap(), 200_000_000 * NANO);
-        assert_eq!(interval(0.1).unwrap(), 10_000_000_000 * NANO);
-        assert_eq!(interval(2e6).unwrap(), 500 * NANO);
-        assert_eq!(interval(1e9).unwrap(), NANO);
-        // 1e6 / 3 µs is 333 333.333 333 333 313 9… as a double.
-        assert_eq!(interval(3.0).unwrap(), mul_ratio(1000 * NANO, 1e6 / 3.0));
-        let third = (1_000_000_000 * NANO) / 3;
-        assert!(third - interval(3.0).unwrap() < NANO / 10_000_000);
-        let seventh = (1000 * NANO) / 7;
-        assert!(interval(7e6).unwrap().abs_diff(seventh) < 2);
-        for bad in [f64::NAN, f64::INFINITY, -1.0, 0.0, 1.5e9, 1e-12] {
-            assert!(
-                matches!(interval(bad), Err(ConfigError::InvalidRate { .. })),
-                "{bad}"
-            );
-        }
+    fn stable_interval_is_guavas_double() {
+        let interval = |rate| SmoothState::bursty(rate, ms(1)).unwrap().stable_interval();
+        assert_eq!(interval(5.0), ms(200));
+        assert_eq!(interval(0.1), Duration::from_secs(10));
+        assert_eq!(interval(3.0), ns(333_333_333));
+        assert_eq!(interval(1e6), us(1));
+        // Above 10⁶/s, in nanoseconds.
+        assert_eq!(interval(2e6), ns(500));
+        assert_eq!(interval(7e6), ns(142));
+        assert_eq!(interval(1e9), ns(1));
+        let state = SmoothState::bursty(3.0, ms(1)).unwrap();
+        assert_eq!(state.stable_interval, 1e6 / 3.0);
+        assert_eq!(state.unit, MICROS);
+        let state = SmoothState::bursty(7e6, ms(1)).unwrap();
+        assert_eq!(state.stable_interval, 1e9 / 7e6);
+        assert_eq!(state.unit, 1);
     }
 
     #[test]
@@ -764,8 +760,8 @@ mod tests {
 
     #[test]
     fn bursty_free_permits_after_idle_at_awkward_rates() {
-        // k permits never cost more than k / rate: after an idle second, all
-        // `rate` stored permits are free and the next request too.
+        // After an idle second, all `rate` stored permits are free and the
+        // next request too.
         for rate in [3.0, 7.0, 11.0, 13.0, 17.0, 0.3 * 10.0, 100_000.0, 7e6] {
             let mut s = SmoothState::bursty(rate, Duration::from_secs(1)).unwrap();
             let idle = Duration::from_secs(5);
@@ -784,10 +780,8 @@ mod tests {
         for _ in 0..4 {
             assert_eq!(s.reserve(Duration::from_secs(20), 1), Duration::ZERO);
         }
-        assert_eq!(
-            s.reserve(Duration::from_secs(20), 1),
-            Duration::from_nanos(3_333_333_334)
-        );
+        // 1e6 / 0.3 = 3 333 333.33… µs, truncated.
+        assert_eq!(s.reserve(Duration::from_secs(20), 1), us(3_333_333));
     }
 
     #[test]
@@ -819,6 +813,38 @@ mod tests {
     }
 
     #[test]
+    fn cost_terms_are_truncated_to_the_microsecond() {
+        // 3/s: a permit costs 333 333 µs; three in one request cost
+        // 3 × (1e6 / 3) µs, which the double rounds to 1 000 000.
+        let mut s = SmoothState::bursty(3.0, Duration::ZERO).unwrap();
+        s.reserve(ms(0), 1);
+        assert_eq!(s.next_free(), us(333_333));
+        s.reserve(ms(0), 3);
+        assert_eq!(s.next_free(), us(333_333 + 1_000_000));
+        // Warm-up at 3/s over 1 s, cold factor 3: threshold 1.5 permits,
+        // maximum 3. Taking 2 of the 3 cold permits: the 1.5 above the
+        // threshold cost 1.5 × (1e6 + 1e6 / 3) / 2 = 1 000 000 µs; the 0.5
+        // below 166 666.66… µs, truncated.
+        let mut w = SmoothState::warming_up(3.0, Duration::from_secs(1), 3.0).unwrap();
+        assert_eq!(w.max_permits(), 3.0);
+        w.reserve(ms(0), 2);
+        assert_eq!(w.next_free(), us(1_000_000 + 166_666));
+        // `now` is read truncated to the microsecond, and the wait is whole
+        // microseconds from there.
+        let mut s = SmoothState::bursty(1000.0, Duration::ZERO).unwrap();
+        s.reserve(ns(1500), 1); // at 1 µs: next free at 1001 µs
+        assert_eq!(s.next_free(), us(1001));
+        assert_eq!(s.reserve(ns(1999), 1), us(1000));
+        assert_eq!(s.try_reserve(ns(2_000_999), 1, Duration::ZERO), None);
+        assert_eq!(
+            s.try_reserve(ns(2_000_999), 1, ns(999)),
+            None,
+            "the timeout is truncated too"
+        );
+        assert_eq!(s.try_reserve(ns(2_001_000), 1, ns(999)), Some(ms(0)));
+    }
+
+    #[test]
     fn cold_factor_one_turns_warm_up_off() {
         let mut s = SmoothState::warming_up(5.0, Duration::from_secs(4), 1.0).unwrap();
         let waits = ramp(&mut s, ms(0), 5);
@@ -827,15 +853,23 @@ mod tests {
 
     #[test]
     fn zero_warm_up_is_pure_pacing() {
-        let mut s = SmoothState::warming_up(10.0, Duration::ZERO, 3.0).unwrap();
-        assert_eq!(s.max_permits(), 0.0);
-        assert_eq!(s.reserve(ms(0), 1), ms(0));
-        assert_eq!(s.reserve(ms(0), 1), ms(100));
-        // No stored permits after idle: the first request is free, the next
-        // one pays.
-        assert_eq!(s.reserve(ms(10_000), 1), ms(0));
-        assert_eq!(s.reserve(ms(10_000), 1), ms(100));
-        assert_eq!(s.stored_permits(ms(99_000)), 0.0);
+        // Also a warm-up below the unit (Guava's microsecond).
+        for warmup in [Duration::ZERO, ns(999)] {
+            let mut s = SmoothState::warming_up(10.0, warmup, 3.0).unwrap();
+            assert_eq!(s.max_permits(), 0.0);
+            assert_eq!(s.reserve(ms(0), 1), ms(0));
+            assert_eq!(s.reserve(ms(0), 1), ms(100));
+            // No stored permits after idle: the first request is free, the
+            // next one pays.
+            assert_eq!(s.reserve(ms(10_000), 1), ms(0));
+            assert_eq!(s.reserve(ms(10_000), 1), ms(100));
+            assert_eq!(s.stored_permits(ms(99_000)), 0.0);
+            s.set_rate(ms(99_000), 20.0).unwrap();
+            assert_eq!(s.stored_permits(ms(99_000)), 0.0);
+            assert_eq!(ramp(&mut s, ms(99_000), 3), [0, 50, 50].map(ms));
+            // No NaN anywhere: the state equals itself.
+            assert_eq!(s, s.clone());
+        }
         let mut b = SmoothState::bursty(10.0, Duration::ZERO).unwrap();
         assert_eq!(b.reserve(ms(10_000), 1), ms(0));
         assert_eq!(b.reserve(ms(10_000), 1), ms(100));
@@ -889,68 +923,69 @@ mod tests {
         let before = w.clone();
         assert!(w.set_rate(ms(1), f64::NAN).is_err());
         assert!(w.set_rate(ms(1), 0.0).is_err());
+        assert!(w.set_rate(ms(1), 2e9).is_err());
         assert_eq!(w, before);
     }
 
     #[test]
-    fn high_rates_keep_limiting_without_drift() {
-        // 7 M/s: one permit per 142.857… ns, exactly on average.
-        let mut s = SmoothState::bursty(7e6, Duration::ZERO).unwrap();
-        let mut now = Duration::ZERO;
-        for _ in 0..7_000_000 {
-            now += s.reserve(now, 1);
-        }
-        // The 7 000 000th request waits for the debt of 6 999 999 permits.
-        assert_eq!(now, Duration::from_nanos(999_999_858)); // ceil(6 999 999 / 7 µs)
-        assert_eq!(s.next_free(), ms(1000));
-        // 3/s over a day: no drift either.
-        let mut s = SmoothState::bursty(3.0, Duration::ZERO).unwrap();
-        let mut now = Duration::ZERO;
-        for _ in 0..=3 * 86_400 {
-            now += s.reserve(now, 1);
-        }
-        assert_eq!(now, Duration::from_secs(86_400));
+    fn high_rates_keep_limiting_in_nanoseconds() {
         // 2 M/s: Guava's truncation would make every permit free.
         let mut s = SmoothState::bursty(2e6, Duration::ZERO).unwrap();
         s.reserve(ms(0), 1);
-        assert_eq!(s.reserve(ms(0), 1), Duration::from_nanos(500));
+        assert_eq!(s.reserve(ms(0), 1), ns(500));
+        // 7 M/s: 142.857… ns, truncated as Guava truncates microseconds:
+        // a permit costs 142 ns, seven in one request 1 µs.
+        let mut s = SmoothState::bursty(7e6, Duration::ZERO).unwrap();
+        let mut now = Duration::ZERO;
+        for _ in 0..1000 {
+            now += s.reserve(now, 1);
+        }
+        assert_eq!(now, ns(999 * 142));
+        s.reserve(now, 7);
+        assert_eq!(s.next_free(), now + ns(142) + us(1));
+        // Warm-up in nanoseconds: 2 M/s over 10 µs, cold factor 3: the
+        // same numbers as 2000/s over 10 ms in microseconds.
+        let mut w = SmoothState::warming_up(2e6, us(10), 3.0).unwrap();
+        let mut slow = SmoothState::warming_up(2000.0, ms(10), 3.0).unwrap();
+        assert_eq!(w.max_permits(), slow.max_permits());
+        let waits: Vec<_> = ramp(&mut w, ms(0), 30)
+            .iter()
+            .map(Duration::as_nanos)
+            .collect();
+        let slow: Vec<_> = ramp(&mut slow, ms(0), 30)
+            .iter()
+            .map(Duration::as_micros)
+            .collect();
+        assert_eq!(waits, slow);
+        assert_eq!(waits[29], 500);
     }
 
     #[test]
-    fn a_caller_back_at_its_instant_is_on_time() {
-        // A caller that retries at the next free ticket (as `retry_after`
-        // tells it, rounded up to the nanosecond) is on time. Were the
-        // rounding (142.857… ns → 143 ns) idle time, a warm limiter, whose
-        // stored permits cost the stable interval like fresh ones, would
-        // deliver one permit per 143 ns instead of 7 M/s.
-        for mut s in [
-            SmoothState::warming_up(7e6, us(10), 3.0).unwrap(),
-            SmoothState::warming_up(7e6, Duration::ZERO, 3.0).unwrap(),
-            SmoothState::bursty(7e6, Duration::ZERO).unwrap(),
-        ] {
-            let mut now = Duration::ZERO;
-            for _ in 0..1000 {
-                now += s.reserve(now, 1); // warm up
-            }
-            let from = s.next_free();
-            let mut granted = 0;
-            while granted < 700_000 {
-                match s.try_reserve(now, 1, Duration::ZERO) {
-                    Some(_) => granted += 1,
-                    None => now = s.next_free(),
-                }
-            }
-            let span = s.next_free().saturating_sub(from);
-            assert!(
-                span.abs_diff(ms(100)) <= Duration::from_nanos(1),
-                "{span:?}"
-            );
-        }
-        // Later than that is idle time.
-        let mut s = SmoothState::bursty(7e6, Duration::from_secs(1)).unwrap();
-        s.reserve(ms(0), 1); // next free at 142.857… ns
-        assert_eq!(s.stored_permits(Duration::from_nanos(143)), 0.0);
-        assert!(s.stored_permits(Duration::from_nanos(144)) > 0.0);
+    fn set_rate_across_a_million_per_second_keeps_the_debt() {
+        // From nanoseconds to microseconds: a pending debt of 1.5 µs rounds
+        // up to 2 µs.
+        let mut s = SmoothState::bursty(2e6, Duration::ZERO).unwrap();
+        s.reserve(ns(1000), 3); // next free at 2.5 µs
+        assert_eq!(s.next_free(), ns(2500));
+        s.set_rate(ns(1000), 1000.0).unwrap();
+        assert_eq!(s.next_free(), us(3));
+        assert_eq!(s.reserve(ns(1000), 1), us(2));
+        assert_eq!(s.reserve(ns(1000), 1), us(1002));
+        // No debt stays none: the next free ticket, moved to now (2.5 µs)
+        // by the idle time, rounds down.
+        let mut s = SmoothState::bursty(2e6, Duration::ZERO).unwrap();
+        s.set_rate(ns(2500), 1000.0).unwrap();
+        assert_eq!(s.next_free(), us(2));
+        assert_eq!(s.reserve(ns(2500), 1), Duration::ZERO); // next free at 1002 µs
+        // And back: microseconds are whole nanoseconds.
+        s.set_rate(ns(2500), 4e6).unwrap();
+        assert_eq!(s.next_free(), us(1002));
+        assert_eq!(s.reserve(ns(2500), 1), ns(999_500)); // the debt stands
+        assert_eq!(s.reserve(ns(2500), 1), ns(999_750)); // then 250 ns each
+        // Stored permits survive the switch, rescaled.
+        let mut s = SmoothState::bursty(1e6, Duration::from_secs(1)).unwrap();
+        s.set_rate(ms(500), 2e6).unwrap();
+        assert_eq!(s.stored_permits(ms(500)), 1e6);
     }
 
     #[test]
@@ -962,18 +997,27 @@ mod tests {
         // About u32::MAX × 10 s (plus the warm-up's extra).
         assert!(debt > Duration::from_secs(42_949_672_950), "{debt:?}");
         assert!(debt < Duration::from_secs(42_949_673_100), "{debt:?}");
+        // Guava's `Long.MAX_VALUE` µs is the latest instant.
+        let latest = us(i64::MAX.unsigned_abs());
         for _ in 0..1000 {
             s.reserve(Duration::MAX, u32::MAX);
         }
-        assert_eq!(s.next_free(), Duration::MAX);
+        assert_eq!(s.next_free(), latest);
         assert_eq!(s.reserve(Duration::MAX, 1), Duration::ZERO);
         assert_eq!(
             s.try_reserve(Duration::ZERO, 1, Duration::MAX),
-            Some(Duration::MAX)
+            Some(latest)
         );
+        // A cost beyond `Long.MAX_VALUE` µs saturates (Java's `(long)`).
+        let mut slow = SmoothState::bursty(1e-10, Duration::ZERO).unwrap();
+        assert_eq!(slow.reserve(century, u32::MAX), Duration::ZERO);
+        assert_eq!(slow.next_free(), latest);
         let mut b = SmoothState::bursty(1e9, Duration::MAX).unwrap();
         assert_eq!(b.reserve(Duration::MAX, u32::MAX), Duration::ZERO);
         assert_eq!(b.reserve(Duration::MAX, u32::MAX), Duration::ZERO);
+        let mut w = SmoothState::warming_up(1e9, Duration::MAX, 20.0).unwrap();
+        assert_eq!(w.reserve(century, u32::MAX), Duration::ZERO);
+        assert!(w.reserve(century, 1) > Duration::ZERO);
     }
 
     #[test]
@@ -990,7 +1034,9 @@ mod tests {
                 "{c}"
             );
         }
-        assert!(SmoothState::warming_up(1.0, ms(1), 1e300).is_ok());
+        // Huge but finite: no panic, still limiting.
+        let mut s = SmoothState::warming_up(1.0, ms(1), 1e300).unwrap();
+        assert_eq!(ramp(&mut s, ms(0), 3)[2], Duration::from_secs(1));
         for r in [
             f64::NAN,
             0.0,
