@@ -1,10 +1,10 @@
 //! Exact, fair, tokio-native rate limiters.
 //!
 //! `tokio-ratelimit` implements the classic algorithms — the token bucket,
-//! the leaky bucket (as a meter and as a shaper) and the funnel — as
-//! limiters that async services `.await`, exact to the nanosecond at any
-//! rate, FIFO-fair, cancel-safe, and testable in virtual time with tokio's
-//! paused clock.
+//! the leaky bucket (as a meter and as a shaper), the funnel, and Guava's
+//! smooth limiters — as limiters that async services `.await`, exact to the
+//! nanosecond at any rate, FIFO-fair, cancel-safe, and testable in virtual
+//! time with tokio's paused clock.
 //!
 //! ```
 //! use std::time::Duration;
@@ -30,11 +30,16 @@
 //! | [`TokenBucket`] | bursts up to `capacity`, then `rate`; waiters queue FIFO | one actor, idle when nobody waits | calls to a metered API, outbound request budgets |
 //! | [`LeakyBucket`] | `acquire`: smooths output to `rate`, no burst, overflow rejected; `try_acquire`: the meter | one actor | shaping traffic to a fixed pace, bounded queues |
 //! | [`Funnel`] | the leaky-bucket meter, computed lazily | none | admission control in request handlers (429 + `Retry-After`) |
+//! | [`SmoothBursty`] | Guava's `SmoothBursty`: steady pacing, each request pays for the one before; idle time stored as free permits (up to `max_burst`) | none | porting Guava code; pacing with a bounded catch-up burst |
+//! | [`SmoothWarmingUp`] | Guava's `SmoothWarmingUp`: starts cold (`cold_factor` × slower), ramps up to `rate` over `warmup`, cools down when idle | none | backends that need warming up (caches, connection pools) |
 //!
-//! All three are the same exact arithmetic ([`algorithm`]): a funnel, a
-//! leaky bucket's meter and a token bucket that starts full admit exactly
-//! the same requests. Every limiter implements [`Limiter`], so a service can
-//! choose one from configuration and hold an `Arc<dyn Limiter>`.
+//! The first three are the same exact arithmetic ([`algorithm`]): a funnel,
+//! a leaky bucket's meter and a token bucket that starts full admit exactly
+//! the same requests. The smooth limiters follow Guava's reservation model
+//! and reproduce its arithmetic bit for bit, in whole microseconds
+//! ([`algorithm::SmoothState`]).
+//! Every limiter implements [`Limiter`], so a service can choose one from
+//! configuration and hold an `Arc<dyn Limiter>`.
 //!
 //! # Guarantees
 //!
@@ -57,7 +62,10 @@
 //!   small ones, and `try_acquire` does not jump the queue.
 //! * **Cancellation loses nothing.** Dropping an `acquire` future before it
 //!   resolves gives back what it reserved, at once; the waiters behind it
-//!   move up.
+//!   move up. (The smooth limiters follow Guava's pay-later model, where
+//!   later requests are priced on top of earlier ones: a dropped request is
+//!   withdrawn only while nothing was reserved after it; see
+//!   [`SmoothBursty`].)
 //! * **Idle costs nothing.** A limiter nobody waits on has no timer armed.
 //! * **Clean shutdown.** An actor ends when the last handle is dropped;
 //!   `close()` fails all waiters and later calls with `Closed`.
@@ -67,8 +75,9 @@
 //! [`TokenBucket`] and [`LeakyBucket`] spawn an actor on the tokio runtime
 //! that builds them (building outside a runtime is
 //! [`ConfigError::NoRuntime`], not a panic); they need tokio's `rt` and
-//! `time`. [`Funnel`] spawns nothing and its `try_acquire` works anywhere;
-//! its `acquire` needs tokio's timer when it has to wait.
+//! `time`. [`Funnel`], [`SmoothBursty`] and [`SmoothWarmingUp`] spawn
+//! nothing and their `try_acquire` works anywhere; their `acquire` needs
+//! tokio's timer when it has to wait.
 //!
 //! # Testing with a paused clock
 //!
@@ -124,6 +133,7 @@ pub mod leaky;
 mod limiter;
 mod queue;
 mod rate;
+pub mod smooth;
 #[cfg(feature = "test-util")]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod test_util;
@@ -134,4 +144,5 @@ pub use funnel::Funnel;
 pub use leaky::LeakyBucket;
 pub use limiter::Limiter;
 pub use rate::Rate;
+pub use smooth::{SmoothBursty, SmoothWarmingUp};
 pub use token::TokenBucket;

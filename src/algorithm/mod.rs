@@ -12,11 +12,17 @@
 //! * [`TokenState`] — the token bucket: tokens refill at the rate up to the
 //!   capacity; a take that finds too few is refused with the exact time until
 //!   enough have refilled.
+//! * [`SmoothState`] — Guava's `SmoothRateLimiter`, bursty or warming up:
+//!   requests pay later (each waits for the debt of the ones before it), and
+//!   idle time becomes stored permits, free (bursty) or cold (warm-up).
 //!
-//! Both are the generic cell rate algorithm (GCRA) on one number, kept in
-//! exact rational time: no float drift, no truncation, at 3/s as at 7 M/s.
-//! They agree with each other: a funnel of capacity `c` admits exactly what a
-//! token bucket of capacity `c` that starts full admits.
+//! The first two are the generic cell rate algorithm (GCRA) on one number,
+//! kept in exact rational time: no float drift, no truncation, at 3/s as at
+//! 7 M/s. They agree with each other: a funnel of capacity `c` admits exactly
+//! what a token bucket of capacity `c` that starts full admits.
+//! [`SmoothState`] is Guava's own arithmetic, bit for bit: doubles, and
+//! whole microseconds (nanoseconds above 10⁶/s, where Guava's truncation
+//! makes every permit free).
 //!
 //! # Examples
 //!
@@ -36,10 +42,12 @@
 //! ```
 
 mod gcra;
+mod smooth;
 
 use std::time::Duration;
 
 pub(crate) use gcra::{MAX_TIME, Params, Release, Reservation};
+pub use smooth::SmoothState;
 
 use crate::{AcquireError, ConfigError, Rate, TryAcquireError};
 

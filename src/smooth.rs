@@ -1,0 +1,847 @@
+//! Guava's smooth limiters, async: [`SmoothBursty`] and [`SmoothWarmingUp`].
+//!
+//! Both are cheap handles over one shared [`SmoothState`] behind a mutex;
+//! nothing is spawned. A caller reserves under the lock — Guava's
+//! `reserve`: it is told how long to wait, and its own cost is paid by the
+//! next caller — then sleeps its wait on its own tokio timer. Reservations
+//! are made in call order, so callers are served in that order; an idle
+//! limiter has no timer armed and costs nothing.
+//!
+//! # Design notes
+//!
+//! * **Time.** The limiter's origin is the instant `build()` ran; `now` is
+//!   tokio's clock minus the origin, so a paused clock drives it exactly.
+//! * **Close.** Sleeping waiters race their timer with a [`Notify`]: the
+//!   `Notified` future is created before the reservation checks the closed
+//!   flag (set under the lock), so a `close()` after that check always
+//!   wakes it.
+//! * **Cancellation.** Each state change (reservation, rate change,
+//!   withdrawal) gets a fresh version number; a waiter remembers the state
+//!   before its reservation and the version its reservation produced. If it
+//!   is dropped while the limiter is still at that version — nothing was
+//!   reserved and the rate was not changed after it, or everything after
+//!   it was withdrawn in turn — the old state is put back, exactly as if it
+//!   had never arrived. Otherwise later reservations were priced on top of
+//!   its debt (Guava's pay-later model: each caller's wait is the previous
+//!   callers' cost), and taking it out would mean re-pricing them
+//!   retroactively, which Guava's model cannot express: the reservation
+//!   stands, as in Guava.
+//! * **Timer ticks.** tokio's timer fires on 1 ms ticks, so a waiter due at
+//!   10 µs wakes at 1 ms. If its caller then asks again at once, Guava's
+//!   model would count the time it overslept as *idle* time: stored permits
+//!   (bursty) or cooling (warm-up), and at rates above 1 000/s a warm-up
+//!   limiter driven by one task's `acquire` loop would deliver two permits
+//!   per tick. So when a waiter wakes late, requests arriving within one
+//!   tick after that do not turn the time since the next free ticket into
+//!   idle time: they are taken as arriving on time (at the next free
+//!   ticket, if that is at most one tick ago). This never lets a request
+//!   through before the next free ticket, it moves a grant's virtual time
+//!   back by less than a tick (so window bounds hold with one tick of
+//!   slack, like every waiter's grant), and it only applies after a late
+//!   wake (never in paused-clock tests whose deadlines fall on ticks).
+
+use std::fmt;
+use std::pin::pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use futures::future::{Either, select};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::algorithm::SmoothState;
+use crate::limiter::impl_limiter;
+use crate::{AcquireError, ConfigError, TryAcquireError, clock};
+
+/// Guava's `SmoothBursty`, async: steady pacing at `permits_per_second`,
+/// and up to `max_burst` worth of permits stored while idle, spent for free.
+///
+/// A request waits for the debt left by the requests before it, then
+/// pushes the debt forward by its own cost: it *pays later*. So the first
+/// request is free whatever its size, a large request goes at once and the
+/// next one pays for it, and after an idle period of at least `max_burst`,
+/// `permits_per_second × max_burst` permits are free, and one more request
+/// after them. The exact semantics — Guava's arithmetic, bit for bit, in
+/// whole microseconds — and where they deliberately differ from Guava
+/// (errors instead of limiters that stop limiting, rates above 10⁶/s that
+/// keep limiting) are those of [`SmoothState::bursty`], which this handle
+/// calls.
+///
+/// A cheap handle (one `Arc`; clones share the limiter). Nothing is
+/// spawned: a caller reserves its turn under a short lock and sleeps its
+/// wait on its own tokio timer, so an idle limiter costs nothing and
+/// `build()` works outside a runtime (waiting needs tokio's timer).
+///
+/// * **FIFO.** Reservations are made in call order, so waiters are served
+///   in call order (those due within the same 1 ms timer tick wake on that
+///   tick together).
+/// * **No capacity.** Any number of permits can be asked for at once (Guava
+///   pays any weight later), so `InsufficientCapacity` is never returned.
+/// * **Window bound.** In any window of length `T`, at most
+///   `permits_per_second × (max_burst + T)` permits are granted, plus one
+///   request (the last, which pays later), with `T` lengthened by 1 µs per
+///   request in the window for Guava's truncation (a request can cost up to
+///   1 µs less than its weight / rate); grants to waiters come on tokio's
+///   1 ms ticks, so for them the bound holds with one tick of slack.
+/// * **`try_acquire`** is Guava's `tryAcquire()`: it succeeds when there is
+///   no debt now, and otherwise answers
+///   [`Limited { retry_after }`](TryAcquireError::Limited) with the exact
+///   debt. **`acquire_timeout`** is `tryAcquire(n, timeout)`: it fails at
+///   once with [`AcquireError::Timeout`] when the debt is longer than the
+///   timeout, and otherwise waits it and succeeds.
+/// * **Cancellation.** Guava cannot take back a reservation; this limiter
+///   does when it can do so exactly. A dropped `acquire` whose reservation
+///   is still the latest change to the limiter (nothing reserved and no
+///   `set_rate` after it) is withdrawn entirely, as if it had never
+///   arrived. Otherwise the requests after it were already priced on top of
+///   its debt, and the reservation stands (as in Guava): its cost is paid
+///   by the next caller as if it had been used.
+/// * **Close.** [`close`](Self::close) fails sleeping waiters (promptly) and
+///   later calls with `Closed`.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use tokio::time::Instant;
+/// use tokio_ratelimit::SmoothBursty;
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let ms = Duration::from_millis;
+/// let limiter = SmoothBursty::builder().permits_per_second(5.0).build()?;
+/// let start = Instant::now();
+/// limiter.acquire().await?; // free
+/// limiter.acquire().await?; // 200 ms later
+/// assert_eq!(start.elapsed(), ms(200));
+///
+/// // After a long idle, a one-second burst is stored: 5 free permits, plus
+/// // one more request that pays later.
+/// tokio::time::sleep(Duration::from_secs(10)).await;
+/// let start = Instant::now();
+/// limiter.acquire_many(5).await?;
+/// limiter.acquire().await?;
+/// assert_eq!(start.elapsed(), ms(0));
+/// limiter.acquire().await?;
+/// assert_eq!(start.elapsed(), ms(200));
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct SmoothBursty {
+    core: Arc<Core>,
+}
+
+/// Guava's `SmoothWarmingUp`, async: a limiter that starts cold, where
+/// permits cost up to `cold_factor` stable intervals, and warms up to
+/// `permits_per_second` as it is used; idle time cools it down again.
+///
+/// The costs follow Guava's trapezoid: cold permits (stored above the
+/// threshold) cost from `cold_factor / permits_per_second` down to
+/// `1 / permits_per_second`, and spending all of them takes exactly the
+/// `warmup` period; going from warm to cold by idling takes the warm-up
+/// period too. Requests pay later, as in [`SmoothBursty`]: the first is
+/// free, and each waits for the cost of the one before it. The exact
+/// semantics and the deliberate differences from Guava are those of
+/// [`SmoothState::warming_up`]; in particular a zero warm-up gives a limiter
+/// that paces at the stable rate (Guava's stops limiting), and a cold factor
+/// of 1 turns the warm-up off.
+///
+/// Stored permits are never free here, so in any window of length `T` at
+/// most `permits_per_second × T` permits are granted, plus one request (one
+/// tick of slack for waiters, and `T` lengthened by up to 3 µs per request
+/// for Guava's truncation: 1 µs per cost term). Everything else — cheap
+/// handle, no task, FIFO, no capacity, `try_acquire` and `acquire_timeout`
+/// as Guava's `tryAcquire`, cancellation, close — is as for
+/// [`SmoothBursty`].
+///
+/// # Examples
+///
+/// At 10/s with a warm-up of one second (cold factor 3): the waits shrink
+/// from nearly 300 ms to the stable 100 ms, and stay there.
+///
+/// ```
+/// use std::time::Duration;
+/// use tokio::time::Instant;
+/// use tokio_ratelimit::SmoothWarmingUp;
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let limiter = SmoothWarmingUp::builder()
+///     .permits_per_second(10.0)
+///     .warmup(Duration::from_secs(1))
+///     .build()?;
+/// let mut waits = vec![];
+/// for _ in 0..8 {
+///     let start = Instant::now();
+///     limiter.acquire().await?;
+///     waits.push(start.elapsed().as_millis());
+/// }
+/// assert_eq!(waits, [0, 280, 240, 200, 160, 120, 100, 100]);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct SmoothWarmingUp {
+    core: Arc<Core>,
+}
+
+/// Configures a [`SmoothBursty`]; made by [`SmoothBursty::builder`].
+#[derive(Debug, Clone)]
+pub struct BurstyBuilder {
+    permits_per_second: Option<f64>,
+    max_burst: Duration,
+}
+
+impl Default for BurstyBuilder {
+    fn default() -> BurstyBuilder {
+        BurstyBuilder {
+            permits_per_second: None,
+            max_burst: Duration::from_secs(1),
+        }
+    }
+}
+
+impl BurstyBuilder {
+    /// The stable rate, in permits per second (required).
+    pub fn permits_per_second(&mut self, permits_per_second: f64) -> &mut Self {
+        self.permits_per_second = Some(permits_per_second);
+        self
+    }
+
+    /// How much idle time is stored as free permits: up to
+    /// `permits_per_second × max_burst` of them. Defaults to one second
+    /// (Guava's hard-coded value); zero stores nothing (pure pacing).
+    pub fn max_burst(&mut self, max_burst: Duration) -> &mut Self {
+        self.max_burst = max_burst;
+        self
+    }
+
+    /// Builds the limiter, with no stored permits. Needs no runtime.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::MissingRate`] without
+    /// [`permits_per_second`](Self::permits_per_second);
+    /// [`ConfigError::InvalidRate`] for a rate that is NaN, infinite, not
+    /// positive, or above 10⁹/s.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokio_ratelimit::{ConfigError, SmoothBursty};
+    ///
+    /// let limiter = SmoothBursty::builder()
+    ///     .permits_per_second(100.0)
+    ///     .max_burst(Duration::from_millis(50))
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(limiter.rate(), 100.0);
+    /// assert_eq!(SmoothBursty::builder().build().unwrap_err(), ConfigError::MissingRate);
+    /// ```
+    pub fn build(&self) -> Result<SmoothBursty, ConfigError> {
+        let rate = self.permits_per_second.ok_or(ConfigError::MissingRate)?;
+        let state = SmoothState::bursty(rate, self.max_burst)?;
+        Ok(SmoothBursty {
+            core: Arc::new(Core::new("smooth_bursty", state)),
+        })
+    }
+}
+
+/// Configures a [`SmoothWarmingUp`]; made by [`SmoothWarmingUp::builder`].
+#[derive(Debug, Clone)]
+pub struct WarmingUpBuilder {
+    permits_per_second: Option<f64>,
+    warmup: Option<Duration>,
+    cold_factor: f64,
+}
+
+impl Default for WarmingUpBuilder {
+    fn default() -> WarmingUpBuilder {
+        WarmingUpBuilder {
+            permits_per_second: None,
+            warmup: None,
+            cold_factor: 3.0,
+        }
+    }
+}
+
+impl WarmingUpBuilder {
+    /// The stable rate, once warm, in permits per second (required).
+    pub fn permits_per_second(&mut self, permits_per_second: f64) -> &mut Self {
+        self.permits_per_second = Some(permits_per_second);
+        self
+    }
+
+    /// The warm-up period (required): spending all the cold permits takes
+    /// this long, and so does cooling down again from warm. Zero gives a
+    /// limiter with no stored permits that paces at the stable rate.
+    pub fn warmup(&mut self, warmup: Duration) -> &mut Self {
+        self.warmup = Some(warmup);
+        self
+    }
+
+    /// How much slower than the stable rate a cold limiter is: the coldest
+    /// permit costs `cold_factor / permits_per_second`. At least 1; 1 turns
+    /// the warm-up off. Defaults to 3 (Guava's hard-coded value).
+    pub fn cold_factor(&mut self, cold_factor: f64) -> &mut Self {
+        self.cold_factor = cold_factor;
+        self
+    }
+
+    /// Builds the limiter, cold. Needs no runtime.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::MissingRate`] without
+    /// [`permits_per_second`](Self::permits_per_second);
+    /// [`ConfigError::InvalidRate`] for a rate that is NaN, infinite, not
+    /// positive, or above 10⁹/s; [`ConfigError::InvalidParameter`] without a
+    /// [`warmup`](Self::warmup) (`name: "warmup"`) or for a cold factor below
+    /// 1 or not finite (`name: "cold_factor"`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokio_ratelimit::{ConfigError, SmoothWarmingUp};
+    ///
+    /// let mut builder = SmoothWarmingUp::builder();
+    /// builder.permits_per_second(50.0);
+    /// assert!(matches!(
+    ///     builder.build(),
+    ///     Err(ConfigError::InvalidParameter { name: "warmup", .. })
+    /// ));
+    /// let limiter = builder.warmup(Duration::from_secs(3)).cold_factor(5.0).build().unwrap();
+    /// assert_eq!(limiter.rate(), 50.0);
+    /// ```
+    pub fn build(&self) -> Result<SmoothWarmingUp, ConfigError> {
+        let rate = self.permits_per_second.ok_or(ConfigError::MissingRate)?;
+        let warmup = self.warmup.ok_or(ConfigError::InvalidParameter {
+            name: "warmup",
+            reason: "required: the warm-up period",
+        })?;
+        let state = SmoothState::warming_up(rate, warmup, self.cold_factor)?;
+        Ok(SmoothWarmingUp {
+            core: Arc::new(Core::new("smooth_warming_up", state)),
+        })
+    }
+}
+
+impl SmoothBursty {
+    /// A builder; [`permits_per_second`](BurstyBuilder::permits_per_second)
+    /// is required.
+    pub fn builder() -> BurstyBuilder {
+        BurstyBuilder::default()
+    }
+}
+
+impl SmoothWarmingUp {
+    /// A builder; [`permits_per_second`](WarmingUpBuilder::permits_per_second)
+    /// and [`warmup`](WarmingUpBuilder::warmup) are required.
+    pub fn builder() -> WarmingUpBuilder {
+        WarmingUpBuilder::default()
+    }
+}
+
+/// The methods both handles share. `$build` builds a limiter whose first
+/// request is free and whose second waits `$second` ms.
+macro_rules! smooth_handle {
+    ($ty:ident, $build:literal, $second:literal) => {
+        impl $ty {
+            /// Waits for one permit. See [`acquire_many`](Self::acquire_many).
+            ///
+            /// # Errors
+            ///
+            /// As [`acquire_many`](Self::acquire_many).
+            ///
+            /// # Cancel safety
+            ///
+            /// As [`acquire_many`](Self::acquire_many).
+            pub async fn acquire(&self) -> Result<(), AcquireError> {
+                self.core.acquire(1, None).await
+            }
+
+            /// Guava's `acquire(n)`: reserves `n` permits and waits until the
+            /// debt of the requests before it is paid; this request's own
+            /// cost is paid by the next one. `n = 0` succeeds at once.
+            ///
+            /// # Errors
+            ///
+            /// [`AcquireError::Closed`], before or while waiting. Never
+            /// `InsufficientCapacity`: any `n` is granted, and paid later.
+            ///
+            /// # Cancel safety
+            ///
+            /// Dropping the future before it resolves gives up its turn. If
+            /// its reservation is still the latest change to the limiter
+            /// (nothing was reserved and the rate was not changed after
+            /// it), the reservation is withdrawn and the limiter is exactly
+            /// as if the call had never been made. Otherwise the calls after
+            /// it were already priced on top of its debt, and the
+            /// reservation stands, as in Guava: nothing is given back.
+            ///
+            /// # Examples
+            ///
+            /// ```
+            /// use std::time::Duration;
+            /// use tokio::time::Instant;
+            #[doc = concat!("use tokio_ratelimit::", stringify!($ty), ";")]
+            ///
+            /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+            /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+            #[doc = concat!("let limiter = ", $build, ";")]
+            /// let start = Instant::now();
+            /// limiter.acquire_many(1).await?; // the first request is free
+            /// limiter.acquire_many(3).await?; // waits for the first one's cost
+            #[doc = concat!("assert_eq!(start.elapsed(), Duration::from_millis(", $second, "));")]
+            /// # Ok(())
+            /// # }
+            /// ```
+            pub async fn acquire_many(&self, n: u32) -> Result<(), AcquireError> {
+                self.core.acquire(n, None).await
+            }
+
+            /// Guava's `tryAcquire(n, timeout)`: reserves `n` permits if the
+            /// debt of the requests before it is paid within `timeout`
+            /// (inclusive), and waits for it; otherwise fails at once,
+            /// changing nothing. `Duration::MAX` waits as long as it takes.
+            ///
+            /// # Errors
+            ///
+            /// [`AcquireError::Timeout`] at once when the wait would be
+            /// longer than `timeout`; [`AcquireError::Closed`], before or
+            /// while waiting.
+            ///
+            /// # Cancel safety
+            ///
+            /// As [`acquire_many`](Self::acquire_many).
+            ///
+            /// # Examples
+            ///
+            /// ```
+            /// use std::time::Duration;
+            #[doc = concat!("use tokio_ratelimit::{AcquireError, ", stringify!($ty), "};")]
+            ///
+            /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+            /// # async fn main() {
+            /// let ms = Duration::from_millis;
+            #[doc = concat!("let limiter = ", $build, ";")]
+            /// limiter.acquire().await.unwrap();
+            #[doc = concat!("let debt = ms(", $second, ");")]
+            /// assert_eq!(limiter.acquire_timeout(1, debt - ms(1)).await, Err(AcquireError::Timeout));
+            /// assert_eq!(limiter.acquire_timeout(1, debt).await, Ok(()));
+            /// # }
+            /// ```
+            pub async fn acquire_timeout(&self, n: u32, timeout: Duration) -> Result<(), AcquireError> {
+                self.core.acquire(n, Some(timeout)).await
+            }
+
+            /// Takes one permit if there is no debt now. See
+            /// [`try_acquire_many`](Self::try_acquire_many).
+            ///
+            /// # Errors
+            ///
+            /// As [`try_acquire_many`](Self::try_acquire_many).
+            pub fn try_acquire(&self) -> Result<(), TryAcquireError> {
+                self.core.try_acquire(1)
+            }
+
+            /// Guava's `tryAcquire(n)` (no timeout): takes `n` permits if the
+            /// debt of earlier requests is paid now, whatever `n` is (the
+            /// next request pays for them). `n = 0` succeeds at once.
+            ///
+            /// # Errors
+            ///
+            /// [`TryAcquireError::Limited`] with the exact time until the
+            /// debt is paid (nothing changes); [`TryAcquireError::Closed`].
+            /// Never `InsufficientCapacity`.
+            ///
+            /// # Examples
+            ///
+            /// ```
+            /// use std::time::Duration;
+            #[doc = concat!("use tokio_ratelimit::{", stringify!($ty), ", TryAcquireError};")]
+            ///
+            /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+            /// # async fn main() {
+            #[doc = concat!("let limiter = ", $build, ";")]
+            /// assert_eq!(limiter.try_acquire_many(1), Ok(()));
+            /// assert_eq!(
+            ///     limiter.try_acquire_many(1),
+            #[doc = concat!("    Err(TryAcquireError::Limited { retry_after: Duration::from_millis(", $second, ") })")]
+            /// );
+            /// # }
+            /// ```
+            pub fn try_acquire_many(&self, n: u32) -> Result<(), TryAcquireError> {
+                self.core.try_acquire(n)
+            }
+
+            /// Guava's `setRate`: changes the stable rate from now on.
+            ///
+            /// Idle time up to now is credited at the old rate; the debt
+            /// already incurred (and so the wait of every current waiter)
+            /// is unchanged; stored permits are rescaled in proportion, so a
+            /// full limiter stays full and a cold one stays as cold.
+            ///
+            /// # Errors
+            ///
+            /// [`ConfigError::InvalidRate`] for a rate that is NaN,
+            /// infinite, not positive or above 10⁹/s; the limiter is then
+            /// unchanged.
+            ///
+            /// # Examples
+            ///
+            /// ```
+            /// use std::time::Duration;
+            #[doc = concat!("use tokio_ratelimit::", stringify!($ty), ";")]
+            ///
+            #[doc = concat!("let limiter = ", $build, ";")]
+            /// limiter.set_rate(1000.0).unwrap();
+            /// assert_eq!(limiter.rate(), 1000.0);
+            /// assert!(limiter.set_rate(f64::NAN).is_err());
+            /// ```
+            pub fn set_rate(&self, permits_per_second: f64) -> Result<(), ConfigError> {
+                self.core.set_rate(permits_per_second)
+            }
+
+            /// Closes the limiter: sleeping waiters and later calls fail
+            /// with `Closed`.
+            ///
+            /// # Examples
+            ///
+            /// ```
+            /// use std::time::Duration;
+            #[doc = concat!("use tokio_ratelimit::{", stringify!($ty), ", TryAcquireError};")]
+            ///
+            #[doc = concat!("let limiter = ", $build, ";")]
+            /// limiter.close();
+            /// assert!(limiter.is_closed());
+            /// assert_eq!(limiter.try_acquire(), Err(TryAcquireError::Closed));
+            /// ```
+            pub fn close(&self) {
+                self.core.close();
+            }
+
+            /// Whether [`close`](Self::close) has been called (see its
+            /// example).
+            pub fn is_closed(&self) -> bool {
+                self.core.is_closed()
+            }
+
+            /// The stable rate, in permits per second (see
+            /// [`set_rate`](Self::set_rate)).
+            pub fn rate(&self) -> f64 {
+                self.core.lock().state.rate()
+            }
+
+            /// The permits stored now: free ones for a bursty limiter, cold
+            /// ones for a warm-up limiter (see
+            /// [`SmoothState::stored_permits`]).
+            ///
+            /// # Examples
+            ///
+            /// ```
+            /// use std::time::Duration;
+            #[doc = concat!("use tokio_ratelimit::", stringify!($ty), ";")]
+            ///
+            /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+            /// # async fn main() {
+            #[doc = concat!("let limiter = ", $build, ";")]
+            /// let before = limiter.stored_permits();
+            /// limiter.acquire().await.unwrap();
+            /// tokio::time::sleep(Duration::from_secs(100)).await;
+            /// assert!(limiter.stored_permits() >= before);
+            /// # }
+            /// ```
+            pub fn stored_permits(&self) -> f64 {
+                self.core.stored_permits()
+            }
+        }
+
+        impl fmt::Debug for $ty {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                self.core.fmt(f)
+            }
+        }
+
+        impl_limiter!($ty);
+    };
+}
+
+smooth_handle!(
+    SmoothBursty,
+    "SmoothBursty::builder().permits_per_second(10.0).build().unwrap()",
+    "100"
+);
+smooth_handle!(
+    SmoothWarmingUp,
+    "SmoothWarmingUp::builder().permits_per_second(10.0).warmup(Duration::from_secs(1)).build().unwrap()",
+    "280"
+);
+
+/// The state both handles share.
+struct Core {
+    /// `smooth_bursty` or `smooth_warming_up` (tracing, `Debug`).
+    kind: &'static str,
+    /// Time zero of the state machine.
+    origin: Instant,
+    inner: Mutex<Inner>,
+    /// Set under the lock; read without it on the fast checks.
+    closed: AtomicBool,
+    /// Wakes sleeping waiters on close.
+    closing: Notify,
+}
+
+struct Inner {
+    state: SmoothState,
+    /// The version of `state`: the number of the change that produced it.
+    version: u64,
+    /// The last version number handed out (versions are never reused).
+    versions: u64,
+    /// After a waiter woke late, arrivals before this time (since the
+    /// origin) are taken as on time (see the module notes).
+    credit_until: Duration,
+}
+
+impl Inner {
+    /// The time to present to the state machine for an arrival at `now`:
+    /// within the credit window, the next free ticket if it is earlier, but
+    /// never more than one tick before `now`.
+    fn arrival(&self, now: Duration) -> Duration {
+        if now < self.credit_until {
+            now.min(self.state.next_free())
+                .max(now.saturating_sub(clock::TICK))
+        } else {
+            now
+        }
+    }
+
+    /// Records a change of state; returns the previous and the new version.
+    fn changed(&mut self) -> (u64, u64) {
+        let previous = self.version;
+        self.versions += 1;
+        self.version = self.versions;
+        (previous, self.version)
+    }
+}
+
+impl Core {
+    fn new(kind: &'static str, state: SmoothState) -> Core {
+        Core {
+            kind,
+            origin: clock::now(),
+            inner: Mutex::new(Inner {
+                state,
+                version: 0,
+                versions: 0,
+                credit_until: Duration::ZERO,
+            }),
+            closed: AtomicBool::new(false),
+            closing: Notify::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // Every update under the lock is a single assignment of a state
+        // computed first, so a poisoned lock still holds a consistent state.
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Time since the origin on tokio's clock.
+    fn now(&self) -> Duration {
+        clock::now().saturating_duration_since(self.origin)
+    }
+
+    fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    async fn acquire(&self, n: u32, timeout: Option<Duration>) -> Result<(), AcquireError> {
+        if self.is_closed() {
+            return Err(AcquireError::Closed);
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        // Created before the closed check under the lock: a `close()` after
+        // that check wakes it (`notify_waiters` reaches every `Notified`
+        // created before it, polled or not).
+        let mut closing = pin!(self.closing.notified());
+        let (due, mut withdraw) = {
+            let mut inner = self.lock();
+            if self.is_closed() {
+                return Err(AcquireError::Closed);
+            }
+            let now = self.now();
+            let at = inner.arrival(now);
+            let before = inner.state.clone();
+            let wait = match timeout {
+                None => inner.state.reserve(at, n),
+                Some(timeout) => {
+                    // The timeout counts from `now`, not from `at`.
+                    let slack = timeout.saturating_add(now.saturating_sub(at));
+                    let Some(wait) = inner.state.try_reserve(at, n, slack) else {
+                        tracing::trace!(limiter = self.kind, n, ?timeout, "timed out at once");
+                        return Err(AcquireError::Timeout);
+                    };
+                    wait
+                }
+            };
+            let (previous, version) = inner.changed();
+            // `None`: beyond `Duration::MAX`, never due.
+            let due = at.checked_add(wait);
+            if due.is_some_and(|due| due <= now) {
+                tracing::trace!(limiter = self.kind, n, "granted");
+                return Ok(());
+            }
+            tracing::trace!(limiter = self.kind, n, ?wait, "reserved, waiting");
+            let withdraw = Withdraw {
+                core: self,
+                version,
+                previous,
+                before: Some(before),
+            };
+            (due, withdraw)
+        };
+        let deadline = due.and_then(|due| self.origin.checked_add(due));
+        let woke = if let Some(deadline) = deadline {
+            let sleep = pin!(clock::sleep_until(deadline));
+            matches!(select(sleep, closing).await, Either::Left(_))
+        } else {
+            closing.as_mut().await;
+            false
+        };
+        withdraw.disarm();
+        if !woke || self.is_closed() {
+            return Err(AcquireError::Closed);
+        }
+        let now = self.now();
+        if let Some(due) = due.filter(|&due| now > due) {
+            // Late by the timer's tick: see the module notes.
+            let mut inner = self.lock();
+            inner.credit_until = inner.credit_until.max(now.saturating_add(clock::TICK));
+            drop(inner);
+            tracing::trace!(limiter = self.kind, n, late = ?now.saturating_sub(due), "granted after waiting");
+        } else {
+            tracing::trace!(limiter = self.kind, n, "granted after waiting");
+        }
+        Ok(())
+    }
+
+    fn try_acquire(&self, n: u32) -> Result<(), TryAcquireError> {
+        if self.is_closed() {
+            return Err(TryAcquireError::Closed);
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let mut inner = self.lock();
+        if self.is_closed() {
+            return Err(TryAcquireError::Closed);
+        }
+        let now = self.now();
+        let at = inner.arrival(now);
+        if inner
+            .state
+            .try_reserve(at, n, now.saturating_sub(at))
+            .is_some()
+        {
+            inner.changed();
+            drop(inner);
+            tracing::trace!(limiter = self.kind, n, "granted");
+            Ok(())
+        } else {
+            let retry_after = inner.state.next_free().saturating_sub(now);
+            drop(inner);
+            tracing::trace!(limiter = self.kind, n, ?retry_after, "limited");
+            Err(TryAcquireError::Limited { retry_after })
+        }
+    }
+
+    fn set_rate(&self, permits_per_second: f64) -> Result<(), ConfigError> {
+        let mut inner = self.lock();
+        let now = self.now();
+        let at = inner.arrival(now);
+        inner.state.set_rate(at, permits_per_second)?;
+        inner.changed();
+        drop(inner);
+        tracing::debug!(limiter = self.kind, permits_per_second, "rate changed");
+        Ok(())
+    }
+
+    fn close(&self) {
+        {
+            let _inner = self.lock();
+            if self.closed.swap(true, Ordering::AcqRel) {
+                return;
+            }
+        }
+        self.closing.notify_waiters();
+        tracing::debug!(limiter = self.kind, "closed");
+    }
+
+    fn stored_permits(&self) -> f64 {
+        let inner = self.lock();
+        inner.state.stored_permits(inner.arrival(self.now()))
+    }
+
+    /// A dropped waiter's reservation: put back the state before it if
+    /// nothing has changed since (see the module notes).
+    fn withdraw(&self, version: u64, previous: u64, before: SmoothState) {
+        let mut inner = self.lock();
+        if inner.version == version {
+            inner.state = before;
+            inner.version = previous;
+            drop(inner);
+            tracing::trace!(limiter = self.kind, "cancelled: reservation withdrawn");
+        } else {
+            drop(inner);
+            tracing::trace!(
+                limiter = self.kind,
+                "cancelled: later requests were priced on top of it, the reservation stands"
+            );
+        }
+    }
+}
+
+impl fmt::Debug for Core {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let inner = self.lock();
+        let now = inner.arrival(self.now());
+        f.debug_struct(self.kind)
+            .field("rate", &inner.state.rate())
+            .field("stored_permits", &inner.state.stored_permits(now))
+            .field("max_permits", &inner.state.max_permits())
+            .field("next_free", &inner.state.next_free())
+            .field("closed", &self.is_closed())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A sleeping waiter's claim to withdraw its reservation if dropped.
+struct Withdraw<'a> {
+    core: &'a Core,
+    /// The version its reservation produced.
+    version: u64,
+    /// The version before it.
+    previous: u64,
+    /// The state before it; `None` once the waiter is done.
+    before: Option<SmoothState>,
+}
+
+impl Withdraw<'_> {
+    fn disarm(&mut self) {
+        self.before = None;
+    }
+}
+
+impl Drop for Withdraw<'_> {
+    fn drop(&mut self) {
+        if let Some(before) = self.before.take() {
+            self.core.withdraw(self.version, self.previous, before);
+        }
+    }
+}

@@ -1,0 +1,608 @@
+//! Paused-clock tests of the async smooth limiters, `SmoothBursty` and
+//! `SmoothWarmingUp`: Guava's semantics at exact instants, plus what the
+//! async handles add (FIFO waiters, timeouts, close, cancellation, the
+//! `Limiter` trait, bad input).
+
+// The rates and stored permits asserted are exact on purpose.
+#![allow(clippy::float_cmp)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::{self, Instant};
+use tokio_ratelimit::test_util::{GrantLog, record_acquires};
+use tokio_ratelimit::{
+    AcquireError, ConfigError, Limiter, Rate, SmoothBursty, SmoothWarmingUp, TryAcquireError,
+};
+use tokio_test::{assert_pending, assert_ready, task};
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn bursty(rate: f64) -> SmoothBursty {
+    SmoothBursty::builder()
+        .permits_per_second(rate)
+        .build()
+        .unwrap()
+}
+
+fn warming_up(rate: f64, warmup: Duration, cold_factor: f64) -> SmoothWarmingUp {
+    SmoothWarmingUp::builder()
+        .permits_per_second(rate)
+        .warmup(warmup)
+        .cold_factor(cold_factor)
+        .build()
+        .unwrap()
+}
+
+fn limited(retry_after: Duration) -> Result<(), TryAcquireError> {
+    Err(TryAcquireError::Limited { retry_after })
+}
+
+/// The wait of each of `n` single-permit acquires in a row.
+async fn waits<L: Limiter>(limiter: &L, n: usize) -> Vec<Duration> {
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let start = Instant::now();
+        limiter.acquire().await.unwrap();
+        out.push(start.elapsed());
+    }
+    out
+}
+
+#[tokio::test(start_paused = true)]
+async fn paces_at_exact_instants() {
+    let limiter = bursty(10.0);
+    let log = GrantLog::new();
+    for _ in 0..5 {
+        limiter.acquire().await.unwrap();
+        log.record(1);
+    }
+    assert_eq!(log.offsets(), [0, 100, 200, 300, 400].map(ms));
+    // 3/s: Guava's 333 333 µs a permit (a third of a second, truncated to
+    // the microsecond), each due instant rounded up to the timer's
+    // millisecond tick: the 31st permit is due at 9.999 99 s, on the 10 s
+    // tick.
+    let limiter = bursty(3.0);
+    let start = Instant::now();
+    for _ in 0..=30 {
+        limiter.acquire().await.unwrap();
+    }
+    assert_eq!(start.elapsed(), Duration::from_secs(10));
+}
+
+#[tokio::test(start_paused = true)]
+async fn pays_later() {
+    let limiter = bursty(10.0);
+    let start = Instant::now();
+    // A big request on a fresh limiter goes at once...
+    limiter.acquire_many(50).await.unwrap();
+    assert_eq!(start.elapsed(), ms(0));
+    // ...and the next one pays for it, whatever its own size.
+    assert_eq!(limiter.try_acquire(), limited(ms(5000)));
+    limiter.acquire_many(2).await.unwrap();
+    assert_eq!(start.elapsed(), ms(5000));
+    limiter.acquire().await.unwrap();
+    assert_eq!(start.elapsed(), ms(5200));
+    // Any weight: no capacity, never InsufficientCapacity.
+    let limiter = bursty(1.0);
+    assert_eq!(limiter.acquire_many(u32::MAX).await, Ok(()));
+    assert_eq!(
+        limiter.try_acquire_many(u32::MAX),
+        limited(Duration::from_secs(u64::from(u32::MAX)))
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn stores_a_burst_while_idle() {
+    let limiter = bursty(10.0);
+    limiter.acquire().await.unwrap();
+    time::sleep(Duration::from_secs(60)).await;
+    assert!((limiter.stored_permits() - 10.0).abs() < 1e-12);
+    let start = Instant::now();
+    // Ten stored permits are free, and one more request (it pays later).
+    for _ in 0..11 {
+        assert_eq!(limiter.try_acquire(), Ok(()));
+    }
+    assert_eq!(limiter.try_acquire(), limited(ms(100)));
+    assert_eq!(waits(&limiter, 3).await, [100, 100, 100].map(ms));
+    assert_eq!(start.elapsed(), ms(300));
+
+    // Partial idle: 250 ms after the debt is paid, 2.5 permits are stored.
+    time::sleep(ms(100 + 250)).await;
+    let start = Instant::now();
+    limiter.acquire_many(2).await.unwrap(); // stored
+    limiter.acquire().await.unwrap(); // half stored, half fresh: costs 50 ms
+    limiter.acquire().await.unwrap();
+    assert_eq!(start.elapsed(), ms(50));
+}
+
+#[tokio::test(start_paused = true)]
+async fn custom_max_burst() {
+    let limiter = SmoothBursty::builder()
+        .permits_per_second(10.0)
+        .max_burst(ms(300))
+        .build()
+        .unwrap();
+    time::sleep(Duration::from_secs(10)).await;
+    let log = GrantLog::new();
+    for _ in 0..6 {
+        limiter.acquire().await.unwrap();
+        log.record(1);
+    }
+    assert_eq!(log.offsets(), [0, 0, 0, 0, 100, 200].map(ms));
+    // No burst at all.
+    let limiter = SmoothBursty::builder()
+        .permits_per_second(10.0)
+        .max_burst(Duration::ZERO)
+        .build()
+        .unwrap();
+    time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(waits(&limiter, 3).await, [0, 100, 100].map(ms));
+}
+
+#[tokio::test(start_paused = true)]
+async fn warm_up_ramp() {
+    // 10/s, warming up over 1 s, cold factor 3: threshold 5 permits,
+    // maximum 10. The five cold permits cost 300 → 100 ms along the
+    // trapezoid (280, 240, 200, 160, 120 on average), 1 s in all; then
+    // every permit costs the stable 100 ms.
+    let limiter = warming_up(10.0, Duration::from_secs(1), 3.0);
+    assert!((limiter.stored_permits() - 10.0).abs() < 1e-12);
+    let ramp = waits(&limiter, 12).await;
+    assert_eq!(
+        ramp,
+        [0, 280, 240, 200, 160, 120, 100, 100, 100, 100, 100, 100].map(ms)
+    );
+    assert_eq!(ramp[1..6].iter().sum::<Duration>(), Duration::from_secs(1));
+    // Warm: it stays at the stable interval.
+    assert_eq!(waits(&limiter, 20).await, [ms(100); 20]);
+    // Idle for the warm-up period after the debt is paid: cold again.
+    time::sleep(ms(100) + Duration::from_secs(1)).await;
+    assert!((limiter.stored_permits() - 10.0).abs() < 1e-12);
+    assert_eq!(waits(&limiter, 4).await, [0, 280, 240, 200].map(ms));
+}
+
+#[tokio::test(start_paused = true)]
+async fn warm_up_ramp_for_other_cold_factors() {
+    // The first paid wait is the average cost of the coldest permit, just
+    // under cold_factor × stable; the waits shrink to the stable interval
+    // (within the timer's tick) and stay there.
+    for cold_factor in [2.0, 5.0, 10.0, 20.0] {
+        let limiter = warming_up(20.0, ms(2000), cold_factor);
+        let ramp = waits(&limiter, 80).await;
+        let stable = ms(50);
+        let coldest = stable.mul_f64(cold_factor);
+        // Within the top quarter of the ramp (the coldest permit's average).
+        let top_quarter = stable + coldest.saturating_sub(stable).mul_f64(0.75);
+        assert!(
+            ramp[1] <= coldest && ramp[1] > top_quarter,
+            "{cold_factor}: {ramp:?}"
+        );
+        for pair in ramp[1..].windows(2) {
+            assert!(pair[1] <= pair[0] + ms(1), "{cold_factor}: {ramp:?}");
+        }
+        for &wait in &ramp[60..] {
+            assert!(wait.abs_diff(stable) <= ms(1), "{cold_factor}: {ramp:?}");
+        }
+    }
+    // A cold factor of 1 turns the warm-up off.
+    let limiter = warming_up(10.0, Duration::from_secs(5), 1.0);
+    assert_eq!(waits(&limiter, 4).await, [0, 100, 100, 100].map(ms));
+}
+
+#[tokio::test(start_paused = true)]
+async fn set_rate_while_in_debt() {
+    let limiter = bursty(1.0);
+    let start = Instant::now();
+    limiter.acquire().await.unwrap();
+    let mut waiter = task::spawn(limiter.acquire()); // due at 1 s
+    assert_pending!(waiter.poll());
+    limiter.set_rate(10.0).unwrap();
+    assert_eq!(limiter.rate(), 10.0);
+    // The debt incurred stands: the waiter still goes at 1 s, and its own
+    // cost (a 1/s permit) is already reserved: the next one goes at 2 s.
+    assert_eq!(limiter.try_acquire(), limited(ms(2000)));
+    time::sleep(ms(1000)).await;
+    assert_ready!(waiter.poll()).unwrap();
+    let mut log = vec![];
+    for _ in 0..3 {
+        limiter.acquire().await.unwrap();
+        log.push(start.elapsed());
+    }
+    assert_eq!(log, [2000, 2100, 2200].map(ms));
+    // And down again.
+    limiter.set_rate(2.0).unwrap();
+    assert_eq!(waits(&limiter, 3).await, [100, 500, 500].map(ms));
+    // A bad rate changes nothing.
+    for bad in [f64::NAN, 0.0, -1.0, f64::INFINITY] {
+        assert!(matches!(
+            limiter.set_rate(bad),
+            Err(ConfigError::InvalidRate { .. })
+        ));
+    }
+    assert_eq!(limiter.rate(), 2.0);
+    assert_eq!(limiter.try_acquire(), limited(ms(500)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn acquire_timeout_fails_at_once_or_waits() {
+    let limiter = bursty(5.0);
+    let start = Instant::now();
+    limiter.acquire_many(3).await.unwrap(); // 600 ms of debt
+    assert_eq!(
+        limiter.acquire_timeout(1, ms(599)).await,
+        Err(AcquireError::Timeout)
+    );
+    assert_eq!(start.elapsed(), ms(0)); // at once
+    // The failure changed nothing; the timeout is inclusive.
+    assert_eq!(limiter.acquire_timeout(1, ms(600)).await, Ok(()));
+    assert_eq!(start.elapsed(), ms(600));
+    // Only the previous debt counts, not this request's size.
+    assert_eq!(limiter.acquire_timeout(100, ms(200)).await, Ok(()));
+    assert_eq!(start.elapsed(), ms(800));
+    assert_eq!(
+        limiter.acquire_timeout(1, Duration::from_secs(19)).await,
+        Err(AcquireError::Timeout)
+    );
+    assert_eq!(limiter.acquire_timeout(1, Duration::MAX).await, Ok(()));
+    assert_eq!(start.elapsed(), ms(20_800));
+    assert_eq!(limiter.acquire_timeout(0, Duration::ZERO).await, Ok(()));
+}
+
+#[tokio::test(start_paused = true)]
+async fn concurrent_waiters_are_served_in_call_order() {
+    let limiter = bursty(10.0);
+    let log = GrantLog::new();
+    let sizes = [1, 5, 1, 2, 1];
+    let tasks: Vec<_> = sizes
+        .iter()
+        .enumerate()
+        .map(|(who, &n)| {
+            let limiter = limiter.clone();
+            let log = log.clone();
+            tokio::spawn(async move {
+                limiter.acquire_many(n).await.unwrap();
+                log.record_for(who, n);
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(log.order(), [0, 1, 2, 3, 4]);
+    // Each pays for the one before: 1 → 100 ms, 5 → 500 ms, ...
+    assert_eq!(log.offsets(), [0, 100, 600, 700, 900].map(ms));
+    // Many tasks, many rounds: the rate holds and every task gets its share.
+    let limiter = bursty(50.0);
+    let log = record_acquires(&limiter, 8, 10).await;
+    assert_eq!(log.per_who(), [10; 8]);
+    assert_eq!(log.offsets().last(), Some(&ms(79 * 20)));
+    log.assert_rate(Rate::per_second(50), 1, Duration::ZERO);
+}
+
+#[tokio::test(start_paused = true)]
+async fn close_fails_waiters_promptly_and_later_calls() {
+    let limiter = warming_up(1.0, Duration::from_secs(10), 3.0);
+    let start = Instant::now();
+    limiter.acquire().await.unwrap();
+    let mut waiter = task::spawn(limiter.acquire());
+    assert_pending!(waiter.poll());
+    let mut other = task::spawn(limiter.acquire_timeout(1, Duration::MAX));
+    assert_pending!(other.poll());
+    time::sleep(ms(10)).await;
+    assert!(!limiter.is_closed());
+    limiter.close();
+    assert!(limiter.is_closed());
+    assert!(waiter.is_woken());
+    assert!(other.is_woken());
+    assert_eq!(assert_ready!(waiter.poll()), Err(AcquireError::Closed));
+    assert_eq!(assert_ready!(other.poll()), Err(AcquireError::Closed));
+    assert_eq!(start.elapsed(), ms(10));
+    assert_eq!(limiter.acquire().await, Err(AcquireError::Closed));
+    assert_eq!(limiter.acquire_many(0).await, Err(AcquireError::Closed));
+    assert_eq!(
+        limiter.acquire_timeout(1, ms(1)).await,
+        Err(AcquireError::Closed)
+    );
+    assert_eq!(limiter.try_acquire(), Err(TryAcquireError::Closed));
+    assert_eq!(limiter.try_acquire_many(0), Err(TryAcquireError::Closed));
+    limiter.close(); // idempotent
+    // Clones share the state.
+    let clone = limiter.clone();
+    assert!(clone.is_closed());
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropped_tail_reservation_is_withdrawn() {
+    let limiter = bursty(10.0);
+    limiter.acquire().await.unwrap(); // debt until 100 ms
+    let before = format!("{limiter:?}");
+    let mut waiter = task::spawn(limiter.acquire_many(5)); // due at 100 ms
+    assert_pending!(waiter.poll());
+    assert_eq!(limiter.try_acquire(), limited(ms(600)));
+    drop(waiter);
+    // As if it had never arrived.
+    assert_eq!(format!("{limiter:?}"), before);
+    assert_eq!(limiter.try_acquire(), limited(ms(100)));
+    // After waiting part of its turn too: the state goes back to before its
+    // reservation, and the idle time since then counts as idle time.
+    let start = Instant::now();
+    let mut waiter = task::spawn(limiter.acquire()); // due at 100 ms
+    assert_pending!(waiter.poll());
+    time::sleep(ms(60)).await;
+    drop(waiter);
+    assert_eq!(limiter.try_acquire(), limited(ms(40)));
+    time::sleep(ms(40 + 300)).await; // 300 ms idle: 3 stored permits
+    assert_eq!(start.elapsed(), ms(400));
+    assert!((limiter.stored_permits() - 3.0).abs() < 1e-12);
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropped_reservations_withdraw_from_the_tail_back() {
+    let limiter = bursty(10.0);
+    limiter.acquire().await.unwrap();
+    let mut a = task::spawn(limiter.acquire()); // due at 100 ms
+    let mut b = task::spawn(limiter.acquire_many(2)); // due at 200 ms
+    assert_pending!(a.poll());
+    assert_pending!(b.poll());
+    assert_eq!(limiter.try_acquire(), limited(ms(400)));
+    // Dropped newest first, each is the tail when it goes.
+    drop(b);
+    assert_eq!(limiter.try_acquire(), limited(ms(200)));
+    drop(a);
+    assert_eq!(limiter.try_acquire(), limited(ms(100)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropped_reservation_stands_when_others_came_after_it() {
+    let limiter = bursty(10.0);
+    let start = Instant::now();
+    limiter.acquire().await.unwrap();
+    let mut big = task::spawn(limiter.acquire_many(3)); // due at 100 ms
+    let mut next = task::spawn(limiter.acquire()); // due at 400 ms
+    assert_pending!(big.poll());
+    assert_pending!(next.poll());
+    drop(big);
+    // `next` was priced on top of `big`'s cost: `big`'s reservation stands,
+    // `next` keeps its turn, and the next request still pays for it.
+    assert_eq!(limiter.try_acquire(), limited(ms(500)));
+    time::sleep(ms(399)).await;
+    assert_pending!(next.poll());
+    time::sleep(ms(1)).await;
+    assert_ready!(next.poll()).unwrap();
+    assert_eq!(start.elapsed(), ms(400));
+    // A rate change after a reservation also makes it stand: withdrawing
+    // it would undo the change.
+    let mut after_it = task::spawn(limiter.acquire()); // due at 500 ms
+    assert_pending!(after_it.poll());
+    limiter.set_rate(10.0).unwrap();
+    drop(after_it);
+    assert_eq!(limiter.try_acquire(), limited(ms(200)));
+    // A successful try_acquire after it, too: here a waiter whose turn came
+    // but that was dropped before it was polled.
+    time::sleep(ms(200)).await; // at 600 ms: no debt
+    let mut free = task::spawn(limiter.acquire());
+    assert_ready!(free.poll()).unwrap(); // the next one pays 100 ms
+    let mut due = task::spawn(limiter.acquire()); // due at 700 ms
+    assert_pending!(due.poll());
+    time::sleep(ms(200)).await; // at 800 ms: its cost is paid too
+    assert_eq!(limiter.try_acquire(), Ok(()));
+    drop(due);
+    assert_eq!(limiter.try_acquire(), limited(ms(100)));
+    assert_eq!(start.elapsed(), ms(800));
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropped_tail_after_its_turn_gives_back_idle_time() {
+    // Withdrawn at its due time, never polled: the time since the debt
+    // before it was paid counts as idle.
+    let limiter = bursty(10.0);
+    limiter.acquire().await.unwrap();
+    let mut a = task::spawn(limiter.acquire()); // due at 100 ms
+    assert_pending!(a.poll());
+    time::sleep(ms(300)).await;
+    drop(a);
+    assert!((limiter.stored_permits() - 2.0).abs() < 1e-12);
+    for _ in 0..3 {
+        assert_eq!(limiter.try_acquire(), Ok(()));
+    }
+    assert_eq!(limiter.try_acquire(), limited(ms(100)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn through_the_limiter_trait() {
+    let limiters: Vec<Arc<dyn Limiter>> = vec![
+        Arc::new(bursty(10.0)),
+        Arc::new(warming_up(10.0, Duration::ZERO, 3.0)),
+    ];
+    for limiter in limiters {
+        let start = Instant::now();
+        limiter.acquire().await.unwrap();
+        limiter.acquire_many(2).await.unwrap();
+        limiter.acquire_timeout(1, ms(200)).await.unwrap();
+        assert_eq!(start.elapsed(), ms(300));
+        assert_eq!(limiter.try_acquire(), limited(ms(100)));
+        assert_eq!(limiter.try_acquire_many(0), Ok(()));
+        assert_eq!(
+            limiter.acquire_timeout(1, ms(99)).await,
+            Err(AcquireError::Timeout)
+        );
+        let log = record_acquires(&limiter, 3, 2).await;
+        assert_eq!(log.offsets().last(), Some(&ms(600)));
+    }
+}
+
+#[test]
+fn builds_and_answers_outside_a_runtime() {
+    let limiter = bursty(2.0);
+    let warm = warming_up(2.0, Duration::from_secs(1), 3.0);
+    assert_eq!(limiter.try_acquire(), Ok(()));
+    assert!(matches!(
+        limiter.try_acquire(),
+        Err(TryAcquireError::Limited { retry_after }) if retry_after <= ms(500) && retry_after > ms(400)
+    ));
+    assert_eq!(warm.try_acquire(), Ok(()));
+    assert!(!format!("{limiter:?}").is_empty());
+    // Later used inside a runtime.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        limiter.acquire().await.unwrap(); // waits for the first one's cost
+        let start = Instant::now();
+        limiter.acquire().await.unwrap();
+        assert_eq!(start.elapsed(), ms(500));
+        warm.acquire().await.unwrap();
+    });
+}
+
+#[tokio::test(start_paused = true)]
+async fn bad_input_is_a_config_error() {
+    for rate in [
+        f64::NAN,
+        0.0,
+        -0.0,
+        -1.0,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        2e9,
+    ] {
+        let bursty = SmoothBursty::builder().permits_per_second(rate).build();
+        assert!(
+            matches!(bursty, Err(ConfigError::InvalidRate { .. })),
+            "{rate}"
+        );
+        let warm = SmoothWarmingUp::builder()
+            .permits_per_second(rate)
+            .warmup(ms(10))
+            .build();
+        assert!(
+            matches!(warm, Err(ConfigError::InvalidRate { .. })),
+            "{rate}"
+        );
+    }
+    for cold_factor in [0.5, 0.0, -3.0, f64::NAN, f64::INFINITY] {
+        let warm = SmoothWarmingUp::builder()
+            .permits_per_second(1.0)
+            .warmup(ms(10))
+            .cold_factor(cold_factor)
+            .build();
+        assert!(
+            matches!(
+                warm,
+                Err(ConfigError::InvalidParameter {
+                    name: "cold_factor",
+                    ..
+                })
+            ),
+            "{cold_factor}"
+        );
+    }
+    assert_eq!(
+        SmoothBursty::builder().build().unwrap_err(),
+        ConfigError::MissingRate
+    );
+    assert_eq!(
+        SmoothWarmingUp::builder()
+            .warmup(ms(1))
+            .build()
+            .unwrap_err(),
+        ConfigError::MissingRate
+    );
+    assert!(matches!(
+        SmoothWarmingUp::builder().permits_per_second(1.0).build(),
+        Err(ConfigError::InvalidParameter { name: "warmup", .. })
+    ));
+    // Rates above 10⁶/s keep limiting (Guava's would let everything through).
+    let fast = bursty(2e6);
+    fast.try_acquire().unwrap();
+    assert_eq!(fast.try_acquire(), limited(Duration::from_nanos(500)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn zero_warm_up_keeps_limiting() {
+    // Guava's stored permits become NaN here and it stops limiting; this
+    // limiter stores nothing and paces at the stable rate.
+    let limiter = warming_up(10.0, Duration::ZERO, 3.0);
+    assert_eq!(limiter.stored_permits(), 0.0);
+    assert_eq!(waits(&limiter, 4).await, [0, 100, 100, 100].map(ms));
+    time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(limiter.stored_permits(), 0.0);
+    assert_eq!(waits(&limiter, 3).await, [0, 100, 100].map(ms));
+    let log = record_acquires(&limiter, 4, 5).await;
+    log.assert_rate(Rate::per_second(10), 1, Duration::ZERO);
+}
+
+#[tokio::test(start_paused = true)]
+async fn acquire_loops_deliver_high_rates_despite_the_timer_tick() {
+    // tokio wakes sleepers on 1 ms ticks; at 100 000/s a caller that asks
+    // again right after a late wake is taken as on time, so a single
+    // task's acquire loop still gets the full rate (not 2 per tick).
+    let makers: [fn() -> Arc<dyn Limiter>; 3] = [
+        || Arc::new(warming_up(100_000.0, ms(10), 3.0)),
+        || {
+            Arc::new(
+                SmoothBursty::builder()
+                    .permits_per_second(100_000.0)
+                    .max_burst(Duration::ZERO)
+                    .build()
+                    .unwrap(),
+            )
+        },
+        || Arc::new(bursty(100_000.0)),
+    ];
+    for make in makers {
+        let limiter = make();
+        let start = Instant::now();
+        let mut granted = 0u64;
+        while start.elapsed() < Duration::from_secs(1) {
+            limiter.acquire().await.unwrap();
+            granted += 1;
+        }
+        // 100 000 in the second, less the warm-up's extra cost (5 ms = 500
+        // permits) and the last tick.
+        assert!((98_900..=100_100).contains(&granted), "{granted}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn late_wake_credit_is_not_idle_time() {
+    // A waiter due at 10 µs wakes on the 1 ms tick. The caller asking again
+    // then is on time: the limiter does not count the overslept time as
+    // idle (no cooling), so the warm-up continues where it was.
+    let limiter = warming_up(100_000.0, ms(10), 3.0);
+    limiter.acquire().await.unwrap();
+    let before = limiter.stored_permits();
+    limiter.acquire().await.unwrap(); // due at ~30 µs, wakes at 1 ms
+    assert!(limiter.stored_permits() <= before);
+    // A genuinely idle caller (longer than a tick after the late wake)
+    // does cool it down.
+    time::sleep(ms(5)).await;
+    assert!(limiter.stored_permits() > before);
+}
+
+#[test]
+fn handles_and_futures_are_send_sync() {
+    fn send_sync<T: Send + Sync + Clone + std::fmt::Debug + Unpin + 'static>(_: &T) {}
+    fn send<T: Send>(_: &T) {}
+    let b = SmoothBursty::builder()
+        .permits_per_second(1.0)
+        .build()
+        .unwrap();
+    let w = SmoothWarmingUp::builder()
+        .permits_per_second(1.0)
+        .warmup(ms(1))
+        .build()
+        .unwrap();
+    send_sync(&b);
+    send_sync(&w);
+    send(&b.acquire());
+    send(&b.acquire_many(2));
+    send(&b.acquire_timeout(1, ms(1)));
+    send(&w.acquire());
+    send(&w.acquire_timeout(1, ms(1)));
+}
