@@ -559,6 +559,17 @@ macro_rules! smooth_handle {
             pub fn stored_permits(&self) -> f64 {
                 self.core.stored_permits()
             }
+
+            /// Whether this handle is the only one and the limiter is in the
+            /// state of a newly built one, so that dropping it and building a
+            /// new one would change nothing; [`Keyed`](crate::keyed::Keyed)
+            /// evicts such keys. A warm-up limiter is fresh once it has
+            /// cooled down completely and owes nothing; a bursty limiter
+            /// starts with no stored permits but stores them while idle, so
+            /// it is fresh only with a zero `max_burst`.
+            pub fn is_fresh(&self) -> bool {
+                Arc::strong_count(&self.core) == 1 && self.core.is_fresh()
+            }
         }
 
         impl fmt::Debug for $ty {
@@ -781,6 +792,24 @@ impl Core {
         }
         self.closing.notify_waiters();
         tracing::debug!(limiter = self.kind, "closed");
+    }
+
+    fn is_fresh(&self) -> bool {
+        let inner = self.lock();
+        let now = self.now();
+        if self.is_closed() || now < inner.credit_until || inner.state.next_free() > now {
+            return false;
+        }
+        // A new limiter starts cold (warm-up) or empty (bursty).
+        let fresh = if inner.state.warmup().is_some() {
+            inner.state.max_permits()
+        } else {
+            0.0
+        };
+        // Exact on purpose: resync caps at `max_permits` itself.
+        #[allow(clippy::float_cmp)]
+        let same = inner.state.stored_permits(now) == fresh;
+        same
     }
 
     fn stored_permits(&self) -> f64 {

@@ -496,3 +496,31 @@ fn trait_objects_and_auto_traits() {
     is_send_sync::<Keyed<String, TokenBucket>>();
     is_send_sync::<Keyed<u64, std::sync::Arc<dyn Limiter>>>();
 }
+
+#[tokio::test(start_paused = true)]
+async fn keyed_warm_up_limiters_are_fresh_once_cold_again() {
+    use tokio_ratelimit::{SmoothBursty, SmoothWarmingUp};
+    let warm: Keyed<u8, SmoothWarmingUp> = Keyed::builder()
+        .limiter(|| {
+            SmoothWarmingUp::builder()
+                .permits_per_second(10.0)
+                .warmup(Duration::from_secs(2))
+                .build()
+        })
+        .build()
+        .unwrap();
+    warm.acquire(&1).await.unwrap();
+    warm.acquire(&1).await.unwrap();
+    assert_eq!(warm.sweep(), 1, "warmed up a little: not fresh");
+    // Cooling from warm to cold takes the warm-up period.
+    time::advance(Duration::from_secs(3)).await;
+    assert_eq!(warm.sweep(), 0);
+    // A bursty limiter stores permits while idle: never like a new one.
+    let bursty: Keyed<u8, SmoothBursty> = Keyed::builder()
+        .limiter(|| SmoothBursty::builder().permits_per_second(10.0).build())
+        .build()
+        .unwrap();
+    bursty.try_acquire(&1).unwrap();
+    time::advance(Duration::from_secs(10)).await;
+    assert_eq!(bursty.sweep(), 1);
+}

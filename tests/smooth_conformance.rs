@@ -302,19 +302,19 @@ fn the_replay_catches_wrong_answers() {
 /// written independently of `SmoothState`, to replay what the recorded
 /// vectors do not cover.
 ///
-/// The unit is a parameter: Guava's microsecond, or the nanosecond that
-/// `SmoothState` uses above 10⁶/s (the same formulas, with `1e9` for
-/// `SECONDS.toMicros(1L)`).
+/// The unit is a parameter: Guava's microsecond, or the picosecond that
+/// `SmoothState` uses above 10⁶/s (the same formulas, with `1e12` for
+/// `SECONDS.toMicros(1L)`); waits are rounded up to the nanosecond.
 mod guava {
     use std::time::Duration;
 
-    /// Guava's unit, in ns.
-    pub(super) const MICROS: u64 = 1000;
-    /// The unit above 10⁶/s, in ns.
-    pub(super) const NANOS: u64 = 1;
+    /// Guava's unit, in ps.
+    pub(super) const MICROS: u64 = 1_000_000;
+    /// The unit above 10⁶/s, in ps.
+    pub(super) const PICOS: u64 = 1;
 
     pub(super) struct Model {
-        /// The unit, in ns.
+        /// The unit, in ps.
         unit: u64,
         stored_permits: f64,
         max_permits: f64,
@@ -372,11 +372,16 @@ mod guava {
 
         /// The stopwatch's `readMicros()`: truncated to the unit.
         fn read_micros(&self, now: Duration) -> i64 {
-            i64::try_from(now.as_nanos() / u128::from(self.unit)).unwrap()
+            i64::try_from(now.as_nanos() * 1000 / u128::from(self.unit)).unwrap()
         }
 
         fn to_duration(&self, micros: i64) -> Duration {
-            super::units(u64::try_from(micros).unwrap(), self.unit)
+            let ps = u128::try_from(micros).unwrap() * u128::from(self.unit);
+            let ns = ps.div_ceil(1000);
+            Duration::new(
+                u64::try_from(ns / 1_000_000_000).unwrap(),
+                u32::try_from(ns % 1_000_000_000).unwrap(),
+            )
         }
 
         /// `setRate(permitsPerSecond)`.
@@ -385,7 +390,7 @@ mod guava {
             let now_micros = self.read_micros(now);
             // SmoothRateLimiter.doSetRate(double, long)
             self.resync(now_micros);
-            let seconds_to_micros = if self.unit == MICROS { 1e6 } else { 1e9 };
+            let seconds_to_micros = if self.unit == MICROS { 1e6 } else { 1e12 };
             let stable_interval_micros = seconds_to_micros / permits_per_second;
             self.stable_interval_micros = stable_interval_micros;
             self.do_set_rate(permits_per_second, stable_interval_micros);
@@ -503,7 +508,7 @@ mod guava {
             permits: u32,
             timeout: Duration,
         ) -> Option<Duration> {
-            let timeout_micros = i64::try_from(timeout.as_nanos() / u128::from(self.unit))
+            let timeout_micros = i64::try_from(timeout.as_nanos() * 1000 / u128::from(self.unit))
                 .unwrap_or(i64::MAX)
                 .max(0);
             let now_micros = self.read_micros(now);
@@ -517,7 +522,7 @@ mod guava {
     }
 }
 
-/// One operation of a scenario; times in units (µs, or ns above 10⁶/s).
+/// One operation of a scenario; times in µs (in ns above 10⁶/s).
 #[derive(Debug, Clone, Copy)]
 enum Op {
     Sleep(u64),
@@ -530,11 +535,13 @@ enum Op {
 /// a bursty one.
 type Warm = Option<(u64, f64)>;
 
-/// `n` units of `unit` ns.
+/// `n` µs (`unit` = [`guava::MICROS`]) or `n` ns (above 10⁶/s).
 fn units(n: u64, unit: u64) -> Duration {
-    let per_second = 1_000_000_000 / unit;
-    let nanos = u32::try_from(n % per_second * unit).unwrap();
-    Duration::new(n / per_second, nanos)
+    if unit == guava::MICROS {
+        Duration::from_micros(n)
+    } else {
+        Duration::from_nanos(n)
+    }
 }
 
 /// Replays `ops` on both, from time zero; the first disagreement, if any.
@@ -740,8 +747,18 @@ mod random_mixes {
                 Model::bursty(rate, unit),
             ),
             Some((warmup, c)) => (
-                SmoothState::warming_up(rate, Duration::from_nanos(warmup * unit), c).unwrap(),
-                Model::warming_up(rate, warmup, c, unit),
+                SmoothState::warming_up(rate, super::units(warmup, unit), c).unwrap(),
+                // The model counts the warm-up in its own unit.
+                Model::warming_up(
+                    rate,
+                    if unit == guava::MICROS {
+                        warmup
+                    } else {
+                        warmup * 1000
+                    },
+                    c,
+                    unit,
+                ),
             ),
         };
         disagreement(&mut ours, &mut port, ops, unit)
@@ -767,15 +784,15 @@ mod random_mixes {
             prop_assert!(d.is_none(), "{}", d.unwrap_or_default());
         }
 
-        /// Above 10⁶/s, the same arithmetic in nanoseconds (time, sleeps,
+        /// Above 10⁶/s, the same arithmetic in picoseconds (sleeps,
         /// timeouts and warm-ups in ns: 1 µs to 100 ms).
         #[test]
-        fn fast_mixes_agree_with_guava_in_nanoseconds(
+        fn fast_mixes_agree_with_guava_in_picoseconds(
             rate in fast_rate(),
             warm in prop::option::of((warmup(), cold_factor())),
             ops in ops(fast_rate()),
         ) {
-            let d = check(rate, warm, &ops, guava::NANOS);
+            let d = check(rate, warm, &ops, guava::PICOS);
             prop_assert!(d.is_none(), "{}", d.unwrap_or_default());
         }
     }

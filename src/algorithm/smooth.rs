@@ -15,17 +15,20 @@
 //!
 //! The unit is Guava's microsecond, except where the stable interval is
 //! below one microsecond (above 10⁶ permits per second), where Guava's
-//! truncation makes every permit free: there the unit is the nanosecond,
-//! with the same formulas (`1e9 / rate` ns).
+//! truncation makes every permit free: there the unit is the picosecond,
+//! with the same formulas (`1e12 / rate` ps), so that even 10⁹ permits per
+//! second cost what they should to within a thousandth.
 
 use std::time::Duration;
 
 use super::gcra::nanos_to_duration;
 use crate::{ConfigError, Rate};
 
-/// Guava's unit, the microsecond, in nanoseconds.
-const MICROS: u128 = 1000;
-/// The latest instant, in nanoseconds: Guava's `Long.MAX_VALUE` µs. The
+/// Picoseconds per nanosecond: time is kept in picoseconds.
+const PS_PER_NS: u128 = 1000;
+/// Guava's unit, the microsecond, in picoseconds.
+const MICROS: u128 = 1_000_000;
+/// The latest instant, in picoseconds: Guava's `Long.MAX_VALUE` µs. The
 /// next free ticket saturates there (`LongMath.saturatedAdd`), and a later
 /// `now` is taken as this instant.
 const LATEST: u128 = i64::MAX as u128 * MICROS;
@@ -92,12 +95,12 @@ const LATEST: u128 = i64::MAX as u128 * MICROS;
 ///   2 µs (it resumes at 3.5 µs, at most 1 µs late).
 ///
 /// **Above 10⁶ permits per second** (a stable interval below 1 µs, where
-/// Guava's truncation makes every permit free), the unit is the nanosecond
-/// instead, with the same formulas: the stable interval is `1e9 / rate` ns,
-/// and a permit can be up to 1 ns cheaper. A [`set_rate`](Self::set_rate)
-/// across 10⁶/s switches the unit; the next free ticket is kept in
-/// nanoseconds, and a pending debt rounds *up* to the coarser unit, so no
-/// debt is lost.
+/// Guava's truncation makes every permit free), the unit is the picosecond
+/// instead, with the same formulas: the stable interval is `1e12 / rate`
+/// ps, and a permit can be up to 1 ps cheaper (waits are then rounded up to
+/// the nanosecond). A [`set_rate`](Self::set_rate) across 10⁶/s switches
+/// the unit; the next free ticket is kept in picoseconds, and a pending debt
+/// rounds *up* to the coarser unit, so no debt is lost.
 ///
 /// # Deliberate differences from Guava
 ///
@@ -180,7 +183,7 @@ const LATEST: u128 = i64::MAX as u128 * MICROS;
 pub struct SmoothState {
     /// The rate as given, in permits per second.
     rate: f64,
-    /// Nanoseconds per unit of time: [`MICROS`] (Guava's), or 1 when the
+    /// Picoseconds per unit of time: [`MICROS`] (Guava's), or 1 when the
     /// stable interval is below a microsecond.
     unit: u128,
     /// Guava's `stableIntervalMicros`, in units.
@@ -189,7 +192,7 @@ pub struct SmoothState {
     stored_permits: f64,
     /// Guava's `maxPermits`.
     max_permits: f64,
-    /// Guava's `nextFreeTicketMicros`, in nanoseconds: a whole number of
+    /// Guava's `nextFreeTicketMicros`, in picoseconds: a whole number of
     /// units, at most [`LATEST`].
     next_free: u128,
     /// What differs between the two limiters.
@@ -376,7 +379,7 @@ impl SmoothState {
         }
         let now = self.units(now);
         // `canAcquire`: `nextFreeTicketMicros - timeoutMicros <= nowMicros`.
-        let timeout = timeout.as_nanos() / self.unit;
+        let timeout = timeout.as_nanos().saturating_mul(PS_PER_NS) / self.unit;
         if self.next_free / self.unit > now + timeout {
             return None;
         }
@@ -410,13 +413,13 @@ impl SmoothState {
     /// ```
     pub fn set_rate(&mut self, now: Duration, permits_per_second: f64) -> Result<(), ConfigError> {
         Rate::per_second_f64(permits_per_second).validate()?;
-        let now = now.as_nanos().min(LATEST);
+        let now = picos(now);
         self.resync(now / self.unit);
-        // Guava's `SECONDS.toMicros(1L) / permitsPerSecond`; in nanoseconds
+        // Guava's `SECONDS.toMicros(1L) / permitsPerSecond`; in picoseconds
         // where that is below a microsecond.
         let (unit, stable_interval) = match 1e6 / permits_per_second {
             micros if micros >= 1.0 => (MICROS, micros),
-            _ => (1, 1e9 / permits_per_second),
+            _ => (1, 1e12 / permits_per_second),
         };
         if unit != self.unit {
             // A pending debt rounds up to the new unit (none is lost); no
@@ -460,7 +463,7 @@ impl SmoothState {
                 threshold_permits,
                 slope,
             } => {
-                *warmup_units = (warmup.as_nanos() / self.unit) as f64;
+                *warmup_units = (picos(*warmup) / self.unit) as f64;
                 let cold_interval = stable_interval * *cold_factor;
                 *threshold_permits = 0.5 * *warmup_units / stable_interval;
                 self.max_permits =
@@ -499,9 +502,9 @@ impl SmoothState {
         self.rate
     }
 
-    /// The stable interval between permits, Guava's `1e6 / rate` µs (`1e9 /
-    /// rate` ns above 10⁶/s), rounded down to a nanosecond. A permit costs
-    /// it truncated to a whole microsecond (nanosecond).
+    /// The stable interval between permits, Guava's `1e6 / rate` µs (`1e12
+    /// / rate` ps above 10⁶/s), rounded down to a nanosecond. A permit
+    /// costs it truncated to a whole microsecond (picosecond).
     ///
     /// # Examples
     ///
@@ -518,7 +521,7 @@ impl SmoothState {
         clippy::cast_sign_loss
     )]
     pub fn stable_interval(&self) -> Duration {
-        nanos_to_duration((self.stable_interval * self.unit as f64) as u128)
+        nanos_to_duration((self.stable_interval * self.unit as f64) as u128 / PS_PER_NS)
     }
 
     /// The next free ticket: when the debt of the requests so far is paid.
@@ -539,7 +542,7 @@ impl SmoothState {
     /// assert_eq!(limiter.next_free(), ms(1000));
     /// ```
     pub fn next_free(&self) -> Duration {
-        nanos_to_duration(self.next_free)
+        nanos_to_duration(self.next_free.div_ceil(PS_PER_NS))
     }
 
     /// The permits stored at `now` (idle time counted up to `now`, without
@@ -611,13 +614,13 @@ impl SmoothState {
 
     /// `now` in whole units, as Guava's stopwatch reads it.
     fn units(&self, now: Duration) -> u128 {
-        now.as_nanos().min(LATEST) / self.unit
+        picos(now) / self.unit
     }
 
     /// `reserveAndGetWaitLength`: the wait, from `now` in units.
     fn reserve_and_get_wait_length(&mut self, permits: u32, now: u128) -> Duration {
         let moment_available = self.reserve_earliest_available(permits, now);
-        nanos_to_duration(moment_available.saturating_sub(now) * self.unit)
+        nanos_to_duration((moment_available.saturating_sub(now) * self.unit).div_ceil(PS_PER_NS))
     }
 
     /// `reserveEarliestAvailable`: reserves and returns the moment the
@@ -696,6 +699,11 @@ impl SmoothState {
     }
 }
 
+/// A time in picoseconds, capped at [`LATEST`].
+fn picos(t: Duration) -> u128 {
+    t.as_nanos().saturating_mul(PS_PER_NS).min(LATEST)
+}
+
 #[cfg(test)]
 #[allow(clippy::float_cmp)] // the stored permits asserted are exact on purpose
 mod tests {
@@ -740,7 +748,7 @@ mod tests {
         assert_eq!(state.stable_interval, 1e6 / 3.0);
         assert_eq!(state.unit, MICROS);
         let state = SmoothState::bursty(7e6, ms(1)).unwrap();
-        assert_eq!(state.stable_interval, 1e9 / 7e6);
+        assert_eq!(state.stable_interval, 1e12 / 7e6);
         assert_eq!(state.unit, 1);
     }
 
@@ -928,23 +936,30 @@ mod tests {
     }
 
     #[test]
-    fn high_rates_keep_limiting_in_nanoseconds() {
+    fn high_rates_keep_limiting_in_picoseconds() {
         // 2 M/s: Guava's truncation would make every permit free.
         let mut s = SmoothState::bursty(2e6, Duration::ZERO).unwrap();
         s.reserve(ms(0), 1);
         assert_eq!(s.reserve(ms(0), 1), ns(500));
-        // 7 M/s: 142.857… ns, truncated as Guava truncates microseconds:
-        // a permit costs 142 ns, seven in one request 1 µs.
+        // 7 M/s: 142 857.14… ps, truncated as Guava truncates microseconds:
+        // a permit costs 142 857 ps; a caller back at each turn (rounded up
+        // to the nanosecond) is on time, so there is no drift.
         let mut s = SmoothState::bursty(7e6, Duration::ZERO).unwrap();
         let mut now = Duration::ZERO;
         for _ in 0..1000 {
             now += s.reserve(now, 1);
         }
-        assert_eq!(now, ns(999 * 142));
+        assert_eq!(now, ns(142_715)); // ⌈999 × 142 857 ps⌉
         s.reserve(now, 7);
-        assert_eq!(s.next_free(), now + ns(142) + us(1));
-        // Warm-up in nanoseconds: 2 M/s over 10 µs, cold factor 3: the
-        // same numbers as 2000/s over 10 ms in microseconds.
+        assert_eq!(s.next_free(), ns(143_857)); // ⌈(1000 + 7) × 142 857 ps⌉
+        // 600 M/s, where whole nanoseconds would be 67 % fast: 1 666 ps.
+        let mut s = SmoothState::bursty(6e8, Duration::ZERO).unwrap();
+        s.reserve(ms(0), 1);
+        s.reserve(ms(0), 600);
+        // 1 666 ps for the first, ⌊600 × 1 666.67⌋ ps for the rest.
+        assert_eq!(s.next_free(), ns(1002));
+        // Warm-up in picoseconds: 2 M/s over 10 µs, cold factor 3, has the
+        // shape of 2000/s over 10 ms in microseconds, finer.
         let mut w = SmoothState::warming_up(2e6, us(10), 3.0).unwrap();
         let mut slow = SmoothState::warming_up(2000.0, ms(10), 3.0).unwrap();
         assert_eq!(w.max_permits(), slow.max_permits());
@@ -956,7 +971,9 @@ mod tests {
             .iter()
             .map(Duration::as_micros)
             .collect();
-        assert_eq!(waits, slow);
+        for (fine, coarse) in waits.iter().zip(&slow) {
+            assert!(fine.abs_diff(*coarse) <= 1, "{waits:?} vs {slow:?}");
+        }
         assert_eq!(waits[29], 500);
     }
 
