@@ -58,7 +58,8 @@ use std::time::Duration;
 
 use tokio::time::{self, Instant};
 use tokio_ratelimit::{
-    AcquireError, ConfigError, Funnel, LeakyBucket, Limiter, Rate, TokenBucket, TryAcquireError,
+    AcquireError, ConfigError, Funnel, LeakyBucket, Limiter, Rate, SmoothBursty, SmoothWarmingUp,
+    TokenBucket, TryAcquireError,
 };
 
 // ---------------------------------------------------------------------------
@@ -123,22 +124,37 @@ pub(crate) const LIMITERS: &[Entry] = &[
                 and the full token bucket",
         build: |config| Ok(try_each(funnel(config)?)),
     },
-    // Any other `Limiter` fits in a few lines. Guava's smooth limiters, for
-    // instance, would take the same limit as a rate and a burst time:
-    //
-    // Entry {
-    //     name: "bursty",
-    //     call: "SmoothBursty::try_acquire",
-    //     about: "Guava's SmoothBursty: ...",
-    //     build: |config| {
-    //         let burst = Duration::from_secs_f64(f64::from(config.capacity) / config.rate);
-    //         let bursty = SmoothBursty::builder()
-    //             .permits_per_second(config.rate)
-    //             .max_burst(burst)
-    //             .build()?;
-    //         Ok(try_each(bursty))
-    //     },
-    // },
+    // Any other `Limiter` fits in a few lines, like Guava's two below.
+    Entry {
+        name: "bursty",
+        call: "SmoothBursty::acquire",
+        about: "Guava's SmoothBursty: idle time stores permits (up to capacity) that go out \
+                at once; a request waits for the debt of the one before it, then pays for \
+                itself (the first is free)",
+        build: |config| {
+            let bursty = SmoothBursty::builder()
+                .permits_per_second(config.rate)
+                .max_burst(Duration::from_secs_f64(
+                    f64::from(config.capacity) / config.rate,
+                ))
+                .build()?;
+            Ok(wait_each(bursty))
+        },
+    },
+    Entry {
+        name: "warmup",
+        call: "SmoothWarmingUp::acquire",
+        about: "Guava's SmoothWarmingUp: starts cold, permits spaced cold-factor × 1/rate \
+                apart, and ramps to the rate over the warm-up period (--warmup, --cold-factor)",
+        build: |config| {
+            let warming = SmoothWarmingUp::builder()
+                .permits_per_second(config.rate)
+                .warmup(config.warmup)
+                .cold_factor(config.cold_factor)
+                .build()?;
+            Ok(wait_each(warming))
+        },
+    },
 ];
 
 fn token_bucket(config: &Config) -> Result<TokenBucket, ConfigError> {
@@ -227,6 +243,10 @@ pub(crate) struct Config {
     pub(crate) interval: Duration,
     /// Number of requests.
     pub(crate) count: u32,
+    /// The warm-up period of the `warmup` limiter.
+    pub(crate) warmup: Duration,
+    /// The cold factor of the `warmup` limiter.
+    pub(crate) cold_factor: f64,
     /// The limiters to replay the traffic through, in order.
     pub(crate) limiters: Vec<&'static Entry>,
 }
@@ -239,6 +259,8 @@ impl Default for Config {
             capacity: 2,
             interval: Duration::from_millis(200),
             count: 30,
+            warmup: Duration::from_secs(2),
+            cold_factor: 3.0,
             limiters: LIMITERS.iter().collect(),
         }
     }
@@ -301,7 +323,13 @@ where
         };
         if !matches!(
             flag.as_str(),
-            "--rate" | "--capacity" | "--interval" | "--count" | "--limiters"
+            "--rate"
+                | "--capacity"
+                | "--interval"
+                | "--count"
+                | "--limiters"
+                | "--warmup"
+                | "--cold-factor"
         ) {
             return Err(if flag.starts_with('-') {
                 UsageError(format!("unknown flag '{flag}'"))
@@ -319,6 +347,21 @@ where
             "--capacity" => config.capacity = positive_whole(&flag, &value, u32::MAX)?,
             "--interval" => config.interval = interval(&flag, &value)?,
             "--count" => config.count = positive_whole(&flag, &value, MAX_COUNT)?,
+            "--warmup" => {
+                let secs = positive_float(&flag, &value)?;
+                config.warmup = Duration::try_from_secs_f64(secs)
+                    .ok()
+                    .filter(|d| *d <= MAX_SPAN)
+                    .ok_or_else(|| UsageError(format!("{flag} is too long, got '{value}'")))?;
+            }
+            "--cold-factor" => {
+                config.cold_factor = positive_float(&flag, &value)?;
+                if config.cold_factor < 1.0 {
+                    return Err(UsageError(format!(
+                        "{flag} must be at least 1, got '{value}'"
+                    )));
+                }
+            }
             _ => config.limiters = limiter_list(&flag, &value)?,
         }
     }
@@ -431,6 +474,8 @@ pub(crate) fn usage() -> String {
            --interval MS     milliseconds between two requests, may be fractional (default 200)\n  \
            --count N         number of requests, at most 100000 (default 30)\n  \
            --limiters LIST   comma-separated names, or 'all' (default all)\n  \
+           --warmup SECS     warm-up period of the 'warmup' limiter (default 2)\n  \
+           --cold-factor F   its cold factor, at least 1 (default 3)\n  \
            -h, --help        print this help\n\
          \n\
          limiters:\n",
@@ -441,6 +486,7 @@ pub(crate) fn usage() -> String {
     text.push_str(
         "\nexamples:\n  \
            cargo run --release --example playground -- --limiters token,shaper\n  \
+           cargo run --release --example playground -- --limiters warmup --rate 5 --interval 100 --count 40\n  \
            cargo run --release --example playground -- --rate 10 --capacity 5 --interval 50 --count 60\n",
     );
     text

@@ -46,6 +46,8 @@ fn config(rate: f64, capacity: u32, interval: Duration, count: u32) -> Config {
         capacity,
         interval,
         count,
+        warmup: Duration::from_secs(2),
+        cold_factor: 3.0,
         limiters: LIMITERS.iter().collect(),
     }
 }
@@ -185,7 +187,21 @@ fn flags_are_parsed() {
         (2.0, 2, ms(200), 30)
     );
     let names: Vec<&str> = config.limiters.iter().map(|e| e.name).collect();
-    assert_eq!(names, ["token", "token-wait", "leaky", "shaper", "funnel"]);
+    assert_eq!(
+        names,
+        [
+            "token",
+            "token-wait",
+            "leaky",
+            "shaper",
+            "funnel",
+            "bursty",
+            "warmup"
+        ]
+    );
+    assert_eq!((config.warmup, config.cold_factor), (ms(2000), 3.0));
+    let config = parse(&["--warmup", "0.5", "--cold-factor=10"]).unwrap();
+    assert_eq!((config.warmup, config.cold_factor), (ms(500), 10.0));
 
     let config = parse(&[
         "--rate",
@@ -249,11 +265,20 @@ fn bad_flags_are_explained() {
         ),
         (
             &["--limiters", "token,bogus"],
-            "--limiters: unknown limiter 'bogus' (known: token, token-wait, leaky, shaper, funnel)",
+            "--limiters: unknown limiter 'bogus' (known: token, token-wait, leaky, shaper, funnel, \
+             bursty, warmup)",
         ),
         (
             &["--limiters", "token,"],
             "--limiters: empty limiter name in 'token,'",
+        ),
+        (
+            &["--cold-factor", "0.5"],
+            "--cold-factor must be at least 1, got '0.5'",
+        ),
+        (
+            &["--warmup", "0"],
+            "--warmup must be a positive number, got '0'",
         ),
     ];
     for (args, message) in cases {
@@ -281,10 +306,46 @@ fn the_report_shows_the_timelines_side_by_side() {
         format!("leaky      |{DEMO}|"),
         "shaper     |+w-w-w--w-w--w-w--w-w--w-w--w-|".to_owned(),
         format!("funnel     |{DEMO}|"),
+        "bursty     |+wwwwwwwwwwwwwwwwwwwwwwwwwwwww|".to_owned(),
+        "warmup     |+wwwwwwwwwwwwwwwwwwwwwwwwwwwww|".to_owned(),
     ] {
         assert!(report.contains(&row), "missing {row:?} in\n{report}");
     }
     assert!(report.contains("+  passed at once"));
     let widest = report.lines().map(|l| l.chars().count()).max().unwrap();
     assert!(widest <= 100, "a line of {widest} columns");
+}
+
+#[test]
+fn the_warm_up_limiter_ramps_to_the_rate() {
+    // 5/s, warm-up 2 s, cold factor 3, ten requests a second: a cold
+    // limiter spaces grants up to 3 × 200 ms apart, and the gaps shrink to
+    // the stable 200 ms as it warms up, then stay there.
+    let mut config = config(5.0, 2, Duration::from_millis(100), 40);
+    config.limiters = vec![LIMITERS.iter().find(|e| e.name == "warmup").unwrap()];
+    let records = run("warmup", &config);
+    let granted = grants(&records);
+    let gaps: Vec<u128> = granted
+        .windows(2)
+        .map(|w| w[1].saturating_sub(w[0]).as_millis())
+        .collect();
+    assert_eq!(&gaps[..6], [560, 480, 400, 320, 240, 200]);
+    assert!(gaps[5..].iter().all(|&gap| gap == 200), "{gaps:?}");
+}
+
+#[test]
+fn the_bursty_limiter_pays_later() {
+    // Guava's SmoothBursty at the demo's 2/s with a 1 s burst: the first
+    // request is free, every later one waits for the debt before it.
+    let config = Config::default();
+    let records = run("bursty", &config);
+    let granted = grants(&records);
+    assert_eq!(granted.len(), 30);
+    assert_eq!(granted[0], Duration::ZERO);
+    assert!(
+        granted
+            .windows(2)
+            .all(|w| w[1].saturating_sub(w[0]) == Duration::from_millis(500)),
+        "{granted:?}"
+    );
 }
