@@ -32,6 +32,8 @@
 //! | [`Funnel`] | the leaky-bucket meter, computed lazily | none | admission control in request handlers (429 + `Retry-After`) |
 //! | [`SmoothBursty`] | Guava's `SmoothBursty`: steady pacing, each request pays for the one before; idle time stored as free permits (up to `max_burst`) | none | porting Guava code; pacing with a bounded catch-up burst |
 //! | [`SmoothWarmingUp`] | Guava's `SmoothWarmingUp`: starts cold (`cold_factor` × slower), ramps up to `rate` over `warmup`, cools down when idle | none | backends that need warming up (caches, connection pools) |
+//! | [`keyed::KeyedFunnel`] | a funnel per key, one word of state each; drained keys dropped automatically | a sweeper, idle when empty | per user / per IP limits, millions of keys |
+//! | [`keyed::Keyed`] | any limiter per key, built on first use; fresh keys dropped automatically | a sweeper, plus each key's own | per host / per tenant budgets with FIFO waiting |
 //!
 //! The first three are the same exact arithmetic ([`algorithm`]): a funnel,
 //! a leaky bucket's meter and a token bucket that starts full admit exactly
