@@ -1,0 +1,100 @@
+//! A fixed workload for `valgrind --tool=callgrind`, which counts
+//! instructions — reproducible on a noisy machine, unlike timings:
+//!
+//! ```text
+//! cargo build --release -p tokio-ratelimit-benches --example callgrind_try
+//! valgrind --tool=callgrind --callgrind-out-file=cg.out \
+//!     target/release/examples/callgrind_try token allowed 1000000
+//! callgrind_annotate cg.out | head -40
+//! ```
+//!
+//! Arguments: `token|funnel|governor|semaphore|clock`, `allowed|denied`,
+//! and a call count. Subtract a run with a count of 0 to remove the set-up,
+//! then divide by the count for instructions per call.
+
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::time::{Duration, Instant};
+
+use governor::{Quota, RateLimiter};
+use tokio::sync::Semaphore;
+use tokio_ratelimit::{Funnel, Rate, TokenBucket};
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let which = args.next().unwrap_or_else(|| "token".into());
+    let case = args.next().unwrap_or_else(|| "allowed".into());
+    let n: u64 = args
+        .next()
+        .map_or(1_000_000, |s| s.parse().expect("a count"));
+    let allowed = case == "allowed";
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let _guard = rt.enter();
+    let (rate, capacity) = if allowed {
+        (Rate::per_second(1_000_000_000), 1_000_000)
+    } else {
+        (Rate::per_hour(1), 1)
+    };
+    let mut ok = 0u64;
+    match which.as_str() {
+        "token" => {
+            let b = TokenBucket::builder()
+                .rate(rate)
+                .capacity(capacity)
+                .build()
+                .unwrap();
+            if !allowed {
+                b.try_acquire().unwrap();
+            }
+            for _ in 0..n {
+                ok += u64::from(b.try_acquire().is_ok());
+            }
+        }
+        "funnel" => {
+            let f = Funnel::builder()
+                .rate(rate)
+                .capacity(capacity)
+                .build()
+                .unwrap();
+            if !allowed {
+                f.try_acquire().unwrap();
+            }
+            for _ in 0..n {
+                ok += u64::from(f.try_acquire().is_ok());
+            }
+        }
+        "governor" => {
+            let quota = if allowed {
+                Quota::with_period(Duration::from_nanos(1))
+                    .unwrap()
+                    .allow_burst(NonZeroU32::new(1_000_000).unwrap())
+            } else {
+                Quota::per_hour(NonZeroU32::new(1).unwrap())
+            };
+            let g = RateLimiter::direct(quota);
+            if !allowed {
+                g.check().unwrap();
+            }
+            for _ in 0..n {
+                ok += u64::from(g.check().is_ok());
+            }
+        }
+        "semaphore" => {
+            let s = Semaphore::new(if allowed { Semaphore::MAX_PERMITS } else { 0 });
+            for _ in 0..n {
+                ok += u64::from(s.try_acquire().map(|p| p.forget()).is_ok());
+            }
+        }
+        "clock" => {
+            for _ in 0..n {
+                black_box(Instant::now());
+                ok += 1;
+            }
+        }
+        other => panic!("unknown limiter {other}"),
+    }
+    println!("{which} {case}: {ok} of {n} allowed");
+}
