@@ -37,6 +37,13 @@ const GEN_SHIFT: u32 = 100;
 const GEN_MASK: u128 = (1 << 27) - 1;
 const CLOSED: u128 = 1 << 127;
 
+/// How soon after a late release a waiter's request is credited for the
+/// lateness (see [`Cell::arrival`]). Under a tick, so that with the paused
+/// clock only requests at the release instant are.
+pub(crate) const CREDIT_GRACE: Duration = Duration::from_micros(500);
+/// The furthest back a credit reaches.
+pub(crate) const CREDIT_REACH: Duration = Duration::from_millis(4);
+
 /// The lock-free state of one bucket.
 pub(crate) struct Cell {
     word: AtomicU128,
@@ -44,9 +51,10 @@ pub(crate) struct Cell {
     den: AtomicU64,
     capacity: u32,
     origin: Instant,
-    /// 1 + the due time (ns since origin, rounded down) of the latest waiter
-    /// released after its due time; 0 for none.
-    credit: AtomicU64,
+    /// The latest waiter released after its due time: its due time (ns
+    /// since the origin, rounded down) in the high 64 bits, the time it was
+    /// released in the low 64 bits; 0 for none.
+    credit: AtomicU128,
 }
 
 /// A consistent view of the word and the interval it is expressed in.
@@ -91,7 +99,7 @@ impl Cell {
             den: AtomicU64::new(params.den()),
             capacity: params.capacity(),
             origin,
-            credit: AtomicU64::new(0),
+            credit: AtomicU128::new(0),
         }
     }
 
@@ -101,9 +109,14 @@ impl Cell {
 
     /// Nanoseconds since the origin on tokio's clock.
     pub(crate) fn now_nanos(&self) -> u128 {
-        clock::now()
-            .saturating_duration_since(self.origin)
-            .as_nanos()
+        let elapsed = clock::now().saturating_duration_since(self.origin);
+        // In 64 bits: `as_nanos` multiplies in 128.
+        u128::from(
+            elapsed
+                .as_secs()
+                .saturating_mul(1_000_000_000)
+                .saturating_add(u64::from(elapsed.subsec_nanos())),
+        )
     }
 
     /// The instant `scaled` units after the origin, rounded up to a
@@ -228,48 +241,69 @@ impl Cell {
 
     /// When a waiter's request counts as having arrived.
     ///
-    /// Normally `now`. But tokio can only wake a waiter on a millisecond
-    /// tick, so a waiter released by the timer is up to one tick late; if
-    /// the bucket emptied meanwhile and the caller comes straight back for
-    /// more, clamping the schedule to `now` would throw away the permits
-    /// that fell due while it overslept (at 100 000/s with a capacity of 10,
-    /// nine in ten). So within one tick of such a late release, a waiter's
-    /// request is scheduled from the released one's due time instead: the
-    /// permits are credited, and the long-run rate is exact. Because the
-    /// credit never reaches back more than one tick, grants to waiters stay
-    /// within `capacity + rate × (window + 1 tick)`; `try_acquire` never
-    /// takes credit and stays within `capacity + rate × window`.
+    /// Normally `now`. But tokio wakes a waiter only on a millisecond tick,
+    /// and in real time often a tick or two later still, so a waiter released
+    /// by the timer is late; if the bucket emptied meanwhile and the caller
+    /// comes straight back for more, clamping the schedule to `now` would
+    /// throw away the permits that fell due while it overslept (at 100 000/s
+    /// with a capacity of 10, nine in ten). So a waiter's request that comes
+    /// within [`CREDIT_GRACE`] of such a late release is scheduled from the
+    /// released one's due time instead: the permits are credited, and the
+    /// long-run rate is exact.
+    ///
+    /// The credit reaches back by the release's lateness plus the grace, at
+    /// most [`CREDIT_REACH`], so grants to waiters stay within `capacity +
+    /// rate × (window + that reach)`. With the paused clock a release is at
+    /// most one tick late and the caller comes back at the same instant, so
+    /// the bound is `capacity + rate × (window + 1 tick)`. `try_acquire`
+    /// never takes credit and stays within `capacity + rate × window`.
     fn arrival(&self, s: &Snapshot, now_nanos: u128, now: u128) -> u128 {
         if s.tat() >= now {
             return now; // the bucket is busy: no clamping happens anyway
         }
+        match self.credit_due(now_nanos) {
+            Some(due) => s.params.scale_nanos(due),
+            None => now,
+        }
+    }
+
+    /// The due time of the late release whose credit runs at `now_nanos`.
+    fn credit_due(&self, now_nanos: u128) -> Option<u128> {
         let credit = self.credit.load(Ordering::Relaxed);
         if credit == 0 {
-            return now;
+            return None;
         }
-        let due = u128::from(credit - 1);
-        if due <= now_nanos && now_nanos - due <= clock::TICK.as_nanos() {
-            s.params.scale_nanos(due)
-        } else {
-            now
-        }
+        let (due, released) = (credit >> 64, credit & u128::from(u64::MAX));
+        let in_grace = released <= now_nanos && now_nanos - released <= CREDIT_GRACE.as_nanos();
+        let in_reach = due <= now_nanos && now_nanos - due <= CREDIT_REACH.as_nanos();
+        (in_grace && in_reach).then_some(due)
     }
 
     /// Whether a timer credit is still running at `now_nanos` (a bucket
     /// with one is not in a fresh state).
     pub(crate) fn has_credit(&self, now_nanos: u128) -> bool {
-        match self.credit.load(Ordering::Relaxed) {
-            0 => false,
-            credit => now_nanos.saturating_sub(u128::from(credit - 1)) <= clock::TICK.as_nanos(),
-        }
+        self.credit_due(now_nanos).is_some()
     }
 
     /// Records that a waiter due at `ready` (scaled) was released at
     /// `now` (scaled), later than due.
     pub(crate) fn note_late_release(&self, params: &Params, ready: u128, now: u128) {
-        if ready < now {
-            let due = u64::try_from(params.nanos_floor(ready)).unwrap_or(u64::MAX - 1);
-            self.credit.fetch_max(due + 1, Ordering::Relaxed);
+        if ready >= now {
+            return;
+        }
+        let due = params.nanos_floor(ready).min(u128::from(u64::MAX));
+        let released = params.nanos_floor(now).min(u128::from(u64::MAX));
+        let new = due << 64 | released;
+        let mut old = self.credit.load(Ordering::Relaxed);
+        // Keep the latest due time.
+        while old >> 64 <= due && old != new {
+            match self
+                .credit
+                .compare_exchange_weak(old, new, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => break,
+                Err(actual) => old = actual,
+            }
         }
     }
 
@@ -447,11 +481,26 @@ mod tests {
             c.arrival(&s, 5 * MS, params.scale_nanos(5 * MS)),
             params.scale_nanos(4 * MS + 300_000)
         );
-        // More than a tick later the credit has lapsed.
+        // Within the grace after the release it still runs, reaching back
+        // 1.1 ms; past the grace it has lapsed.
         assert_eq!(
-            c.arrival(&s, 6 * MS, params.scale_nanos(6 * MS)),
-            params.scale_nanos(6 * MS)
+            c.arrival(&s, 5 * MS + 400_000, params.scale_nanos(5 * MS + 400_000)),
+            params.scale_nanos(4 * MS + 300_000)
         );
+        assert_eq!(
+            c.arrival(&s, 5 * MS + 600_000, params.scale_nanos(5 * MS + 600_000)),
+            params.scale_nanos(5 * MS + 600_000)
+        );
+        // An earlier late release does not replace a later one; no credit
+        // reaches back more than CREDIT_REACH.
+        c.note_late_release(&params, params.scale_nanos(MS), params.scale_nanos(5 * MS));
+        assert!(c.has_credit(5 * MS));
+        c.note_late_release(
+            &params,
+            params.scale_nanos(10 * MS),
+            params.scale_nanos(20 * MS),
+        );
+        assert!(!c.has_credit(20 * MS));
     }
 
     #[test]

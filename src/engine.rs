@@ -231,6 +231,9 @@ impl Engine {
         // Slow path: reserve under the lock, so that queue order is
         // reservation order.
         let mut queue = self.lock();
+        // Read the clock again: the lock may have taken a while, and a stale
+        // `now` would overstate the water (and overflow a shaper wrongly).
+        let now = self.cell.now_nanos();
         let outcome = self.cell.reserve(now, n, self.release, max_wait, true);
         let Reserve::Queued(r) = outcome else {
             drop(queue);
