@@ -29,7 +29,7 @@ use std::time::Duration;
 use portable_atomic::AtomicU128;
 use tokio::time::Instant;
 
-use crate::algorithm::{MAX_TIME, Params, Release, Reservation};
+use crate::algorithm::{Booking, MAX_TIME, Params, Release};
 use crate::clock;
 
 const TAT_MASK: u128 = MAX_TIME;
@@ -78,9 +78,9 @@ impl Snapshot {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Reserve {
     /// Poured; the caller may proceed now.
-    Ready,
+    Ready(Booking),
     /// Poured; the caller may proceed at `ready` (scaled).
-    Queued(Reservation),
+    Queued(Booking),
     /// Not poured: the caller would have to wait (and was not allowed to).
     WouldWait,
     /// Not poured: the wait would exceed the caller's limit.
@@ -214,7 +214,7 @@ impl Cell {
                 continue;
             };
             let outcome = if r.ready <= now {
-                Reserve::Ready
+                Reserve::Ready(r)
             } else if max_wait_nanos
                 .is_some_and(|max| (r.ready - now).div_ceil(u128::from(s.params.den())) > max)
             {
@@ -225,7 +225,7 @@ impl Cell {
                 Reserve::Queued(r)
             };
             match outcome {
-                Reserve::Ready | Reserve::Queued(_) => {
+                Reserve::Ready(_) | Reserve::Queued(_) => {
                     if self.swap(&s, r.end) {
                         return outcome;
                     }
@@ -415,10 +415,10 @@ mod tests {
     #[test]
     fn reserve_outcomes() {
         let c = cell(Rate::per_second(10), 1);
-        assert_eq!(
+        assert!(matches!(
             c.reserve(0, 1, Release::Tokens, None, false),
-            Reserve::Ready
-        );
+            Reserve::Ready(_)
+        ));
         assert_eq!(
             c.reserve(0, 1, Release::Tokens, None, false),
             Reserve::WouldWait
@@ -434,7 +434,10 @@ mod tests {
         assert_eq!(params.duration_ceil(r.ready), Duration::from_millis(100));
         // The shaper overflows instead of queueing past the capacity.
         let s = cell(Rate::per_second(10), 1);
-        assert_eq!(s.reserve(0, 1, Release::Water, None, true), Reserve::Ready);
+        assert!(matches!(
+            s.reserve(0, 1, Release::Water, None, true),
+            Reserve::Ready(_)
+        ));
         assert_eq!(
             s.reserve(0, 1, Release::Water, None, true),
             Reserve::Overflow

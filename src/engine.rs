@@ -26,6 +26,8 @@ use tracing::Instrument;
 use crate::algorithm::{Params, Release};
 use crate::cell::{Cell, Reserve};
 use crate::queue::{Queue, State};
+use crate::reservation::{Held, Reservation};
+use crate::stats::{Counters, Stats};
 use crate::{AcquireError, ConfigError, Rate, TryAcquireError, clock};
 
 /// Which limiter an engine serves (for tracing and `Debug`).
@@ -56,6 +58,7 @@ pub(crate) struct Engine {
     fresh_deficit: u32,
     /// Wakes the actor; `None` when waiters arm their own timers.
     actor: Option<Arc<Notify>>,
+    counters: Counters,
 }
 
 /// How an engine's first `tat` is set.
@@ -87,6 +90,7 @@ impl Engine {
             kind: setup.kind,
             fresh_deficit: setup.deficit,
             actor: notify.clone(),
+            counters: Counters::default(),
         });
         if let (Some(runtime), Some(notify)) = (runtime, notify) {
             let span = tracing::debug_span!(
@@ -137,6 +141,17 @@ impl Engine {
         self.lock().pending()
     }
 
+    /// Counters and the state now.
+    pub(crate) fn stats(&self) -> Stats {
+        let (granted, refused) = self.counters.totals();
+        Stats {
+            granted,
+            refused,
+            waiting: self.waiting(),
+            available: Some(self.available()),
+        }
+    }
+
     /// Whether the bucket is in exactly the state of a newly built one: open,
     /// nobody in the queue, no timer credit running, and the same tokens
     /// (water) a new one would have now.
@@ -155,11 +170,11 @@ impl Engine {
     /// The meter: `n` permits now or a refusal with the exact wait.
     pub(crate) fn try_acquire(&self, n: u32) -> Result<(), TryAcquireError> {
         if n > self.capacity() {
-            return Err(if self.is_closed() {
-                TryAcquireError::Closed
-            } else {
-                TryAcquireError::InsufficientCapacity
-            });
+            if self.is_closed() {
+                return Err(TryAcquireError::Closed);
+            }
+            self.counters.refused();
+            return Err(TryAcquireError::InsufficientCapacity);
         }
         if n == 0 {
             return if self.is_closed() {
@@ -170,10 +185,12 @@ impl Engine {
         }
         match self.cell.try_pour(self.cell.now_nanos(), n) {
             Ok(()) => {
+                self.counters.granted(n);
                 tracing::trace!(limiter = self.kind.name(), n, "granted");
                 Ok(())
             }
             Err(Some(retry_after)) => {
+                self.counters.refused();
                 tracing::trace!(limiter = self.kind.name(), n, ?retry_after, "limited");
                 Err(TryAcquireError::Limited { retry_after })
             }
@@ -188,14 +205,37 @@ impl Engine {
         n: u32,
         max_wait: Option<Duration>,
     ) -> Result<(), AcquireError> {
-        let id = match self.enqueue(n, max_wait) {
-            Ok(Some(id)) => id,
-            Ok(None) => return Ok(()),
-            Err(e) => return Err(e),
+        match self.enqueue(n, max_wait, false)? {
+            Queued::Ready(_) => Ok(()),
+            Queued::Waiting(id) => self.wait(id, max_wait, false).await,
+        }
+    }
+
+    /// Waits for `n` permits like [`acquire`](Self::acquire), but holds them
+    /// in the queue until the reservation is committed or dropped.
+    pub(crate) async fn reserve(self: &Arc<Self>, n: u32) -> Result<Reservation, AcquireError> {
+        let id = match self.enqueue(n, None, true)? {
+            Queued::Ready(None) => return Ok(Reservation::spent()), // n = 0
+            Queued::Ready(Some(id)) | Queued::Waiting(id) => id,
         };
+        // Until the waiter hands it over, a drop cancels through it.
+        self.wait(id, None, true).await?;
+        Ok(Reservation::new(Held::Bucket {
+            engine: Arc::clone(self),
+            id,
+        }))
+    }
+
+    async fn wait(
+        &self,
+        id: u64,
+        max_wait: Option<Duration>,
+        hold: bool,
+    ) -> Result<(), AcquireError> {
         let waiter = Waiter {
             engine: self,
             id,
+            hold,
             done: false,
             sleep: None,
         };
@@ -204,62 +244,98 @@ impl Engine {
         match max_wait.and_then(|wait| clock::now().checked_add(wait)) {
             Some(deadline) => tokio::time::timeout_at(deadline, waiter)
                 .await
-                .unwrap_or(Err(AcquireError::Timeout)),
+                .unwrap_or_else(|_| {
+                    self.counters.refused();
+                    Err(AcquireError::Timeout)
+                }),
             None => waiter.await,
         }
     }
 
-    /// Reserves `n` permits: `Ok(None)` when the caller may proceed at once,
-    /// `Ok(Some(id))` when it must wait in the queue.
-    fn enqueue(&self, n: u32, max_wait: Option<Duration>) -> Result<Option<u64>, AcquireError> {
+    /// Reserves `n` permits. A caller that may proceed at once gets
+    /// `Ready` (with the id of its queue entry when it holds the permits);
+    /// one that must wait gets the id of its place in the queue.
+    fn enqueue(
+        &self,
+        n: u32,
+        max_wait: Option<Duration>,
+        hold: bool,
+    ) -> Result<Queued, AcquireError> {
         if self.is_closed() {
             return Err(AcquireError::Closed);
         }
         if n > self.capacity() {
+            self.counters.refused();
             return Err(AcquireError::InsufficientCapacity);
         }
         if n == 0 {
-            return Ok(None);
+            return Ok(Queued::Ready(None));
         }
         let max_wait = max_wait.map(|d| d.as_nanos());
-        let now = self.cell.now_nanos();
-        // Fast path, lock-free: proceed at once or fail at once.
-        match self.cell.reserve(now, n, self.release, max_wait, false) {
-            Reserve::WouldWait => {}
-            outcome => return self.settle(n, outcome).map(|()| None),
+        if !hold {
+            // Fast path, lock-free: proceed at once or fail at once.
+            let now = self.cell.now_nanos();
+            match self.cell.reserve(now, n, self.release, max_wait, false) {
+                Reserve::WouldWait => {}
+                outcome => return self.settle(n, &outcome).map(|()| Queued::Ready(None)),
+            }
         }
         // Slow path: reserve under the lock, so that queue order is
-        // reservation order.
+        // reservation order. Held permits always take a place in the queue,
+        // so that giving them back moves the right reservations forward.
         let mut queue = self.lock();
-        // Read the clock again: the lock may have taken a while, and a stale
-        // `now` would overstate the water (and overflow a shaper wrongly).
+        // Read the clock under the lock: time may have passed while waiting
+        // for it, and a stale `now` overstates the water (a shaper would
+        // overflow wrongly).
         let now = self.cell.now_nanos();
         let outcome = self.cell.reserve(now, n, self.release, max_wait, true);
-        let Reserve::Queued(r) = outcome else {
-            drop(queue);
-            return self.settle(n, outcome).map(|()| None);
-        };
-        let (id, first) = queue.push(n, r.end);
-        drop(queue);
-        tracing::trace!(limiter = self.kind.name(), n, id, "queued");
-        if first {
-            self.wake_actor();
+        match outcome {
+            Reserve::Queued(r) => {
+                let (id, first) = queue.push(n, r.end, hold);
+                drop(queue);
+                tracing::trace!(limiter = self.kind.name(), n, id, "queued");
+                if first {
+                    self.wake_actor();
+                }
+                Ok(Queued::Waiting(id))
+            }
+            Reserve::Ready(r) if hold => {
+                let id = queue.push_granted(n, r.end);
+                drop(queue);
+                tracing::trace!(limiter = self.kind.name(), n, id, "reserved");
+                Ok(Queued::Ready(Some(id)))
+            }
+            outcome => {
+                drop(queue);
+                self.settle(n, &outcome).map(|()| Queued::Ready(None))
+            }
         }
-        Ok(Some(id))
+    }
+
+    /// A held reservation is spent: it leaves the queue for good.
+    pub(crate) fn commit(&self, id: u64) {
+        let n = self.lock().commit(id);
+        self.counters.granted(n);
+        tracing::trace!(limiter = self.kind.name(), id, n, "reservation committed");
     }
 
     /// Turns a decision that needs no queue into the caller's answer.
-    fn settle(&self, n: u32, outcome: Reserve) -> Result<(), AcquireError> {
+    fn settle(&self, n: u32, outcome: &Reserve) -> Result<(), AcquireError> {
         match outcome {
-            Reserve::Ready => {
+            Reserve::Ready(_) => {
+                self.counters.granted(n);
                 tracing::trace!(limiter = self.kind.name(), n, "granted");
                 Ok(())
             }
             Reserve::Overflow => {
+                self.counters.refused();
                 tracing::debug!(limiter = self.kind.name(), n, "overflow: request discarded");
                 Err(AcquireError::Overflow)
             }
-            Reserve::TooLong => Err(AcquireError::Timeout),
+            Reserve::TooLong => {
+                self.counters.refused();
+                Err(AcquireError::Timeout)
+            }
             Reserve::Closed => Err(AcquireError::Closed),
             Reserve::WouldWait | Reserve::Queued(_) => {
                 unreachable!("queued reservations are handled by the caller")
@@ -268,8 +344,14 @@ impl Engine {
     }
 
     /// Polls waiter `id`: its answer, or (still pending) the instant of its
-    /// turn, for waiters that keep their own timer.
-    fn poll_waiter(&self, id: u64, waker: &Waker) -> Result<Result<(), AcquireError>, Instant> {
+    /// turn, for waiters that keep their own timer. A waiter that holds its
+    /// permits is counted as granted when committed, not here.
+    fn poll_waiter(
+        &self,
+        id: u64,
+        hold: bool,
+        waker: &Waker,
+    ) -> Result<Result<(), AcquireError>, Instant> {
         let mut wakers = Vec::new();
         let outcome = {
             let mut queue = self.lock();
@@ -283,7 +365,7 @@ impl Engine {
                         queue.grant_due(&s.params, self.release, now, &self.cell, &mut wakers);
                         Ok(queue
                             .observe(id, &s.params, self.release, waker)
-                            .unwrap_or(State::Pending))
+                            .unwrap_or((State::Pending, 0)))
                     } else {
                         Err(self.cell.instant_at(&s.params, ready))
                     }
@@ -292,18 +374,22 @@ impl Engine {
         };
         wake_all(wakers);
         match outcome {
-            Ok(State::Granted) => {
+            Ok((State::Granted, n)) => {
+                if !hold {
+                    self.counters.granted(n);
+                }
                 tracing::trace!(limiter = self.kind.name(), id, "granted after waiting");
                 Ok(Ok(()))
             }
-            Ok(State::Closed) => Ok(Err(AcquireError::Closed)),
-            Ok(State::Pending) => Err(clock::now()),
+            Ok((State::Closed, _)) => Ok(Err(AcquireError::Closed)),
+            Ok((State::Pending, _)) => Err(clock::now()),
             Err(at) => Err(at),
         }
     }
 
-    /// Waiter `id` gave up: give back its reservation.
-    fn cancel(&self, id: u64) {
+    /// Waiter `id` gave up (or its reservation was dropped): give back what
+    /// it had reserved.
+    pub(crate) fn cancel(&self, id: u64) {
         let mut wakers = Vec::new();
         {
             let mut queue = self.lock();
@@ -462,6 +548,8 @@ async fn actor(engine: Weak<Engine>, notify: Arc<Notify>) {
 struct Waiter<'a> {
     engine: &'a Engine,
     id: u64,
+    /// Whether the permits stay held in the queue once granted.
+    hold: bool,
     done: bool,
     /// Waiters of a limiter without an actor keep their own timer.
     sleep: Option<Pin<Box<Sleep>>>,
@@ -474,7 +562,7 @@ impl Future for Waiter<'_> {
         let this = &mut *self;
         // Twice at most: a timer that has fired means the turn has come.
         for _ in 0..2 {
-            match this.engine.poll_waiter(this.id, cx.waker()) {
+            match this.engine.poll_waiter(this.id, this.hold, cx.waker()) {
                 Ok(result) => {
                     this.done = true;
                     return Poll::Ready(result);
@@ -501,8 +589,18 @@ impl Future for Waiter<'_> {
 
 impl Drop for Waiter<'_> {
     fn drop(&mut self) {
+        // A held waiter that completed hands its entry to a `Reservation`.
         if !self.done {
             self.engine.cancel(self.id);
         }
     }
+}
+
+/// Where [`Engine::enqueue`] left a request.
+enum Queued {
+    /// It may proceed now; `Some(id)` when it holds its permits in the
+    /// queue.
+    Ready(Option<u64>),
+    /// It waits at this place in the queue.
+    Waiting(u64),
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::algorithm::{Params, Release};
 use crate::engine::{Engine, Kind, Setup};
 use crate::limiter::impl_limiter;
-use crate::{AcquireError, ConfigError, Rate, TryAcquireError};
+use crate::{AcquireError, ConfigError, Rate, Reservation, Stats, TryAcquireError};
 
 /// The funnel: a leaky-bucket meter computed lazily, with no task at all.
 ///
@@ -204,6 +204,28 @@ impl Funnel {
     /// Units of water in the funnel now, rounded up.
     pub fn level(&self) -> u32 {
         self.engine.level()
+    }
+
+    /// Waits for `n` permits like [`acquire_many`](Self::acquire_many) and
+    /// holds them: [`Reservation::commit`] spends them, dropping the
+    /// reservation gives them back (exactly the part not yet drained) and
+    /// moves every later reservation forward.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_many`](Self::acquire_many).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire_many`](Self::acquire_many).
+    pub async fn reserve(&self, n: u32) -> Result<Reservation, AcquireError> {
+        self.engine.reserve(n).await
+    }
+
+    /// Permits granted, requests refused, callers waiting and permits
+    /// available now.
+    pub fn stats(&self) -> Stats {
+        self.engine.stats()
     }
 
     /// Whether this handle is the only one and the funnel is in the state

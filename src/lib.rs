@@ -135,7 +135,9 @@ pub mod leaky;
 mod limiter;
 mod queue;
 mod rate;
+mod reservation;
 pub mod smooth;
+mod stats;
 #[cfg(feature = "test-util")]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod test_util;
@@ -146,5 +148,7 @@ pub use funnel::Funnel;
 pub use leaky::LeakyBucket;
 pub use limiter::Limiter;
 pub use rate::Rate;
+pub use reservation::Reservation;
 pub use smooth::{SmoothBursty, SmoothWarmingUp};
+pub use stats::Stats;
 pub use token::TokenBucket;

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::{AcquireError, TryAcquireError};
+use crate::{AcquireError, Reservation, Stats, TryAcquireError};
 
 /// A rate limiter, whatever its algorithm.
 ///
@@ -97,6 +97,31 @@ pub trait Limiter: Send + Sync {
     /// As [`acquire_many`](Self::acquire_many).
     async fn acquire_timeout(&self, n: u32, timeout: Duration) -> Result<(), AcquireError>;
 
+    /// Waits for `n` permits like [`acquire_many`](Self::acquire_many), but
+    /// holds them: [`Reservation::commit`] spends them, dropping the
+    /// reservation gives them back. This is how a tower service takes a
+    /// permit in `poll_ready` without losing it if it is dropped before
+    /// `call`. The default (for limiters that cannot give permits back)
+    /// acquires them and returns a reservation that is already spent.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_many`](Self::acquire_many).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire_many`](Self::acquire_many).
+    async fn reserve(&self, n: u32) -> Result<Reservation, AcquireError> {
+        self.acquire_many(n).await?;
+        Ok(Reservation::spent())
+    }
+
+    /// Counters (permits granted, requests refused) and the state now
+    /// (callers waiting, permits available). The default reports zeros.
+    fn stats(&self) -> Stats {
+        Stats::default()
+    }
+
     /// Whether this handle could be dropped and the limiter built anew from
     /// the same configuration without anyone being able to tell: no other
     /// handle to it exists, nobody waits on it, and its state equals that of
@@ -128,6 +153,12 @@ macro_rules! forward_limiter {
             }
             async fn acquire_timeout(&self, n: u32, timeout: Duration) -> Result<(), AcquireError> {
                 (**self).acquire_timeout(n, timeout).await
+            }
+            async fn reserve(&self, n: u32) -> Result<Reservation, AcquireError> {
+                (**self).reserve(n).await
+            }
+            fn stats(&self) -> Stats {
+                (**self).stats()
             }
             fn is_fresh(&self) -> bool {
                 $crate::limiter::Unshared::is_unshared(self) && (**self).is_fresh()
@@ -185,6 +216,12 @@ macro_rules! impl_limiter {
                 timeout: std::time::Duration,
             ) -> Result<(), $crate::AcquireError> {
                 <$ty>::acquire_timeout(self, n, timeout).await
+            }
+            async fn reserve(&self, n: u32) -> Result<$crate::Reservation, $crate::AcquireError> {
+                <$ty>::reserve(self, n).await
+            }
+            fn stats(&self) -> $crate::Stats {
+                <$ty>::stats(self)
             }
             fn is_fresh(&self) -> bool {
                 <$ty>::is_fresh(self)

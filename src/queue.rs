@@ -46,6 +46,9 @@ struct Entry {
     /// The end of its reservation, in scaled units.
     end: u128,
     state: State,
+    /// Held by a `Reservation`: stays in the queue once granted, until it
+    /// is committed (removed) or dropped (given back).
+    held: bool,
     waker: Option<Waker>,
 }
 
@@ -70,18 +73,36 @@ impl Queue {
 
     /// Appends a reservation; returns its id and whether it is the first
     /// pending one (the timer must be re-armed for it).
-    pub(crate) fn push(&mut self, n: u32, end: u128) -> (u64, bool) {
+    pub(crate) fn push(&mut self, n: u32, end: u128, held: bool) -> (u64, bool) {
+        let first = self.first_pending().is_none();
+        (self.append(n, end, State::Pending, held), first)
+    }
+
+    /// Appends a held reservation that may proceed at once.
+    pub(crate) fn push_granted(&mut self, n: u32, end: u128) -> u64 {
+        self.append(n, end, State::Granted, true)
+    }
+
+    fn append(&mut self, n: u32, end: u128, state: State, held: bool) -> u64 {
         let id = self.next_id;
         self.next_id += 1;
-        let first = self.first_pending().is_none();
         self.entries.push_back(Entry {
             id,
             n,
             end,
-            state: State::Pending,
+            state,
+            held,
             waker: None,
         });
-        (id, first)
+        id
+    }
+
+    /// Removes a held reservation that is being spent; returns its permits.
+    pub(crate) fn commit(&mut self, id: u64) -> u32 {
+        match self.find(id) {
+            Some(idx) => self.entries.remove(idx).map_or(0, |e| e.n),
+            None => 0,
+        }
     }
 
     /// Whether no waiter at all (pending or granted, not yet observed) is
@@ -140,19 +161,19 @@ impl Queue {
         granted
     }
 
-    /// The state of waiter `id`; a granted or closed entry is removed (the
-    /// future has observed it). For a pending one, stores `waker` and
-    /// returns its turn (scaled).
+    /// The state of waiter `id` and its permits; a granted or closed entry
+    /// is removed (the future has observed it), unless it is held. For a
+    /// pending one, stores `waker` and returns its turn (scaled).
     pub(crate) fn observe(
         &mut self,
         id: u64,
         params: &Params,
         release: Release,
         waker: &Waker,
-    ) -> Result<State, u128> {
+    ) -> Result<(State, u32), u128> {
         let Some(idx) = self.find(id) else {
             // Entries leave only when observed or cancelled, by their owner.
-            return Ok(State::Closed);
+            return Ok((State::Closed, 0));
         };
         let e = &mut self.entries[idx];
         match e.state {
@@ -162,9 +183,11 @@ impl Queue {
                 }
                 Err(params.ready(e.end, e.n, release))
             }
+            State::Granted if e.held => Ok((State::Granted, e.n)),
             state => {
+                let n = e.n;
                 self.entries.remove(idx);
-                Ok(state)
+                Ok((state, n))
             }
         }
     }
@@ -239,11 +262,11 @@ mod tests {
     fn cancel_shifts_everyone_behind() {
         let (params, cell, mut q) = setup(1);
         // Reservations ending at 100, 300 (n = 2), 400 ms: ready at 0, 200, 300.
-        let (a, first) = q.push(1, 100 * MS);
+        let (a, first) = q.push(1, 100 * MS, false);
         assert!(first);
-        let (b, first) = q.push(2, 300 * MS);
+        let (b, first) = q.push(2, 300 * MS, false);
         assert!(!first);
-        let (c, _) = q.push(1, 400 * MS);
+        let (c, _) = q.push(1, 400 * MS, false);
         let mut wakers = vec![];
         assert_eq!(
             q.grant_due(&params, Release::Tokens, 0, &cell, &mut wakers),
@@ -257,7 +280,7 @@ mod tests {
         let waker = Waker::noop();
         assert_eq!(
             q.observe(a, &params, Release::Tokens, waker),
-            Ok(State::Granted)
+            Ok((State::Granted, 1))
         );
         assert_eq!(q.observe(c, &params, Release::Tokens, waker), Err(100 * MS));
     }
@@ -265,8 +288,8 @@ mod tests {
     #[test]
     fn refund_is_only_the_undrained_part() {
         let (params, _cell, mut q) = setup(1);
-        let (a, _) = q.push(2, 200 * MS);
-        let (b, _) = q.push(1, 300 * MS);
+        let (a, _) = q.push(2, 200 * MS, false);
+        let (b, _) = q.push(1, 300 * MS, false);
         // a was due at 100 ms; cancelled at 150 ms, half of it has drained.
         assert_eq!(q.cancel(a, &params, 150 * MS), 50 * MS);
         assert_eq!(q.cancel(b, &params, 150 * MS), 100 * MS);
@@ -275,19 +298,19 @@ mod tests {
     #[test]
     fn close_marks_pending_only() {
         let (params, cell, mut q) = setup(1);
-        let (a, _) = q.push(1, 100 * MS);
-        let (b, _) = q.push(1, 200 * MS);
+        let (a, _) = q.push(1, 100 * MS, false);
+        let (b, _) = q.push(1, 200 * MS, false);
         let mut wakers = vec![];
         q.grant_due(&params, Release::Tokens, 0, &cell, &mut wakers);
         q.close(&mut wakers);
         let waker = Waker::noop();
         assert_eq!(
             q.observe(a, &params, Release::Tokens, waker),
-            Ok(State::Granted)
+            Ok((State::Granted, 1))
         );
         assert_eq!(
             q.observe(b, &params, Release::Tokens, waker),
-            Ok(State::Closed)
+            Ok((State::Closed, 1))
         );
         assert_eq!(q.cancel(b, &params, 0), 0);
     }

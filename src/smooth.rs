@@ -42,7 +42,7 @@
 
 use std::fmt;
 use std::pin::pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -51,7 +51,10 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::algorithm::SmoothState;
+use crate::cell::{CREDIT_GRACE, CREDIT_REACH};
 use crate::limiter::impl_limiter;
+use crate::reservation::{Held, Reservation};
+use crate::stats::{Counters, Stats};
 use crate::{AcquireError, ConfigError, TryAcquireError, clock};
 
 /// Guava's `SmoothBursty`, async: steady pacing at `permits_per_second`,
@@ -560,6 +563,29 @@ macro_rules! smooth_handle {
                 self.core.stored_permits()
             }
 
+            /// Waits for `n` permits like [`acquire_many`](Self::acquire_many)
+            /// and holds them: [`Reservation::commit`] spends them; dropping
+            /// the reservation withdraws it if nothing was reserved after it
+            /// (Guava's model: later requests are priced on top of it).
+            ///
+            /// # Errors
+            ///
+            /// As [`acquire_many`](Self::acquire_many).
+            ///
+            /// # Cancel safety
+            ///
+            /// As [`acquire_many`](Self::acquire_many).
+            pub async fn reserve(&self, n: u32) -> Result<Reservation, AcquireError> {
+                self.core.reserve(n).await
+            }
+
+            /// Permits granted, requests refused, callers waiting now (no
+            /// `available` figure: a smooth limiter lets any request through
+            /// and makes the next one pay).
+            pub fn stats(&self) -> Stats {
+                self.core.stats()
+            }
+
             /// Whether this handle is the only one and the limiter is in the
             /// state of a newly built one, so that dropping it and building a
             /// new one would change nothing; [`Keyed`](crate::keyed::Keyed)
@@ -604,6 +630,9 @@ struct Core {
     closed: AtomicBool,
     /// Wakes sleeping waiters on close.
     closing: Notify,
+    /// Callers sleeping in `acquire` now.
+    waiting: AtomicUsize,
+    counters: Counters,
 }
 
 struct Inner {
@@ -620,11 +649,11 @@ struct Inner {
 impl Inner {
     /// The time to present to the state machine for an arrival at `now`:
     /// within the credit window, the next free ticket if it is earlier, but
-    /// never more than one tick before `now`.
+    /// never more than [`CREDIT_REACH`] before `now`.
     fn arrival(&self, now: Duration) -> Duration {
         if now < self.credit_until {
             now.min(self.state.next_free())
-                .max(now.saturating_sub(clock::TICK))
+                .max(now.saturating_sub(CREDIT_REACH))
         } else {
             now
         }
@@ -652,6 +681,8 @@ impl Core {
             }),
             closed: AtomicBool::new(false),
             closing: Notify::new(),
+            waiting: AtomicUsize::new(0),
+            counters: Counters::default(),
         }
     }
 
@@ -671,11 +702,38 @@ impl Core {
     }
 
     async fn acquire(&self, n: u32, timeout: Option<Duration>) -> Result<(), AcquireError> {
+        // A plain acquire spends its claim: the reservation stands.
+        if self.acquire_claim(n, timeout).await?.is_some() {
+            self.counters.granted(n);
+        }
+        Ok(())
+    }
+
+    /// Waits for `n` permits and keeps them returnable: the reservation a
+    /// dropped `Reservation` withdraws if nothing was reserved after it.
+    async fn reserve(self: &Arc<Core>, n: u32) -> Result<Reservation, AcquireError> {
+        Ok(match self.acquire_claim(n, None).await? {
+            Some(claim) => Reservation::new(Held::Smooth(Withdrawal {
+                core: Arc::clone(self),
+                n,
+                claim: Some(claim),
+            })),
+            None => Reservation::spent(),
+        })
+    }
+
+    /// Reserves `n` permits and waits for them; returns the claim to
+    /// withdraw them (`None` for `n = 0`).
+    async fn acquire_claim(
+        &self,
+        n: u32,
+        timeout: Option<Duration>,
+    ) -> Result<Option<Claim>, AcquireError> {
         if self.is_closed() {
             return Err(AcquireError::Closed);
         }
         if n == 0 {
-            return Ok(());
+            return Ok(None);
         }
         // Created before the closed check under the lock: a `close()` after
         // that check wakes it (`notify_waiters` reaches every `Notified`
@@ -695,6 +753,8 @@ impl Core {
                     // The timeout counts from `now`, not from `at`.
                     let slack = timeout.saturating_add(now.saturating_sub(at));
                     let Some(wait) = inner.state.try_reserve(at, n, slack) else {
+                        drop(inner);
+                        self.counters.refused();
                         tracing::trace!(limiter = self.kind, n, ?timeout, "timed out at once");
                         return Err(AcquireError::Timeout);
                     };
@@ -702,22 +762,26 @@ impl Core {
                 }
             };
             let (previous, version) = inner.changed();
+            let claim = Claim {
+                version,
+                previous,
+                before,
+            };
             // `None`: beyond `Duration::MAX`, never due.
             let due = at.checked_add(wait);
             if due.is_some_and(|due| due <= now) {
                 tracing::trace!(limiter = self.kind, n, "granted");
-                return Ok(());
+                return Ok(Some(claim));
             }
             tracing::trace!(limiter = self.kind, n, ?wait, "reserved, waiting");
             let withdraw = Withdraw {
                 core: self,
-                version,
-                previous,
-                before: Some(before),
+                claim: Some(claim),
             };
             (due, withdraw)
         };
         let deadline = due.and_then(|due| self.origin.checked_add(due));
+        self.waiting.fetch_add(1, Ordering::Relaxed);
         let woke = if let Some(deadline) = deadline {
             let sleep = pin!(clock::sleep_until(deadline));
             matches!(select(sleep, closing).await, Either::Left(_))
@@ -725,21 +789,22 @@ impl Core {
             closing.as_mut().await;
             false
         };
-        withdraw.disarm();
+        self.waiting.fetch_sub(1, Ordering::Relaxed);
+        let claim = withdraw.claim.take();
         if !woke || self.is_closed() {
             return Err(AcquireError::Closed);
         }
         let now = self.now();
         if let Some(due) = due.filter(|&due| now > due) {
-            // Late by the timer's tick: see the module notes.
+            // Late on the timer: see the module notes.
             let mut inner = self.lock();
-            inner.credit_until = inner.credit_until.max(now.saturating_add(clock::TICK));
+            inner.credit_until = inner.credit_until.max(now.saturating_add(CREDIT_GRACE));
             drop(inner);
             tracing::trace!(limiter = self.kind, n, late = ?now.saturating_sub(due), "granted after waiting");
         } else {
             tracing::trace!(limiter = self.kind, n, "granted after waiting");
         }
-        Ok(())
+        Ok(claim)
     }
 
     fn try_acquire(&self, n: u32) -> Result<(), TryAcquireError> {
@@ -762,11 +827,13 @@ impl Core {
         {
             inner.changed();
             drop(inner);
+            self.counters.granted(n);
             tracing::trace!(limiter = self.kind, n, "granted");
             Ok(())
         } else {
             let retry_after = inner.state.next_free().saturating_sub(now);
             drop(inner);
+            self.counters.refused();
             tracing::trace!(limiter = self.kind, n, ?retry_after, "limited");
             Err(TryAcquireError::Limited { retry_after })
         }
@@ -819,11 +886,22 @@ impl Core {
 
     /// A dropped waiter's reservation: put back the state before it if
     /// nothing has changed since (see the module notes).
-    fn withdraw(&self, version: u64, previous: u64, before: SmoothState) {
+    /// Counters and the state now.
+    fn stats(&self) -> Stats {
+        let (granted, refused) = self.counters.totals();
+        Stats {
+            granted,
+            refused,
+            waiting: self.waiting.load(Ordering::Relaxed),
+            available: None,
+        }
+    }
+
+    fn withdraw(&self, claim: Claim) {
         let mut inner = self.lock();
-        if inner.version == version {
-            inner.state = before;
-            inner.version = previous;
+        if inner.version == claim.version {
+            inner.state = claim.before;
+            inner.version = claim.previous;
             drop(inner);
             tracing::trace!(limiter = self.kind, "cancelled: reservation withdrawn");
         } else {
@@ -850,27 +928,51 @@ impl fmt::Debug for Core {
     }
 }
 
-/// A sleeping waiter's claim to withdraw its reservation if dropped.
-struct Withdraw<'a> {
-    core: &'a Core,
+/// What it takes to withdraw a reservation: the state before it, valid
+/// while the limiter is still at the version the reservation produced.
+struct Claim {
     /// The version its reservation produced.
     version: u64,
     /// The version before it.
     previous: u64,
-    /// The state before it; `None` once the waiter is done.
-    before: Option<SmoothState>,
+    /// The state before it.
+    before: SmoothState,
 }
 
-impl Withdraw<'_> {
-    fn disarm(&mut self) {
-        self.before = None;
-    }
+/// A sleeping waiter's claim, withdrawn if the waiter is dropped.
+struct Withdraw<'a> {
+    core: &'a Core,
+    /// `None` once the waiter is done.
+    claim: Option<Claim>,
 }
 
 impl Drop for Withdraw<'_> {
     fn drop(&mut self) {
-        if let Some(before) = self.before.take() {
-            self.core.withdraw(self.version, self.previous, before);
+        if let Some(claim) = self.claim.take() {
+            self.core.withdraw(claim);
+        }
+    }
+}
+
+/// A granted reservation held by a [`Reservation`]: withdrawn when dropped
+/// uncommitted, if nothing was reserved after it.
+pub(crate) struct Withdrawal {
+    core: Arc<Core>,
+    n: u32,
+    claim: Option<Claim>,
+}
+
+impl Withdrawal {
+    pub(crate) fn commit(mut self) {
+        self.claim = None;
+        self.core.counters.granted(self.n);
+    }
+}
+
+impl Drop for Withdrawal {
+    fn drop(&mut self) {
+        if let Some(claim) = self.claim.take() {
+            self.core.withdraw(claim);
         }
     }
 }

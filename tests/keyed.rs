@@ -524,3 +524,27 @@ async fn keyed_warm_up_limiters_are_fresh_once_cold_again() {
     time::advance(Duration::from_secs(10)).await;
     assert_eq!(bursty.sweep(), 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn keyed_stats_count_grants_limits_and_keys() {
+    let map = funnels(Rate::per_second(1), 2);
+    map.try_acquire_many("a", 2).unwrap();
+    map.try_acquire("a").unwrap_err();
+    map.try_acquire("b").unwrap();
+    map.try_acquire_many("b", 3).unwrap_err();
+    let s = map.stats();
+    assert_eq!((s.keys, s.granted, s.limited, s.refused), (2, 3, 2, 0));
+    let per_host: Keyed<u8, TokenBucket> = Keyed::builder()
+        .limiter(|| {
+            TokenBucket::builder()
+                .rate(Rate::per_second(1))
+                .capacity(1)
+                .build()
+        })
+        .build()
+        .unwrap();
+    per_host.acquire(&1).await.unwrap();
+    per_host.try_acquire(&1).unwrap_err();
+    let s = per_host.stats();
+    assert_eq!((s.keys, s.granted, s.limited), (1, 1, 1));
+}

@@ -68,7 +68,7 @@ pub(crate) enum Release {
 /// A reservation: the request's water ends at `end`; the caller may proceed
 /// at `ready`. Both in scaled units.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Reservation {
+pub(crate) struct Booking {
     pub(crate) end: u128,
     pub(crate) ready: u128,
 }
@@ -188,12 +188,12 @@ impl Params {
         arrival: u128,
         n: u32,
         release: Release,
-    ) -> Result<Reservation, Overflow> {
+    ) -> Result<Booking, Overflow> {
         let end = add(tat.max(arrival), self.cost(n));
         if release == Release::Water && end.saturating_sub(now) > self.tau() {
             return Err(Overflow);
         }
-        Ok(Reservation {
+        Ok(Booking {
             end,
             ready: self.ready(end, n, release),
         })

@@ -46,7 +46,7 @@ mod smooth;
 
 use std::time::Duration;
 
-pub(crate) use gcra::{MAX_TIME, Params, Release, Reservation};
+pub(crate) use gcra::{Booking, MAX_TIME, Params, Release};
 pub use smooth::SmoothState;
 
 use crate::{AcquireError, ConfigError, Rate, TryAcquireError};

@@ -36,6 +36,7 @@ use tokio::time::Instant;
 use super::map::{ShardMap, Unavailable};
 use super::{KeyedStats, Sweep, spawn_sweeper};
 use crate::algorithm::Params;
+use crate::stats::Counters;
 use crate::{AcquireError, ConfigError, Rate, TryAcquireError, clock};
 
 /// The funnel per key: one leaky-bucket meter for each user, IP address or
@@ -95,6 +96,7 @@ struct Inner<K, S> {
     /// Wakes the sweeper when the map stops being empty, and when this is
     /// dropped.
     sweeper: Option<Arc<Notify>>,
+    counters: Counters,
 }
 
 enum Words<K, S> {
@@ -223,6 +225,7 @@ where
             origin: clock::now(),
             words,
             sweeper: notify.clone(),
+            counters: Counters::default(),
         });
         if let (Some(runtime), Some(notify)) = (runtime, notify) {
             // Idle keys must go long before their word could wrap.
@@ -306,6 +309,7 @@ where
         Q::Owned: Into<K>,
     {
         if n > self.params.capacity() {
+            self.counters.refused();
             return Err(TryAcquireError::InsufficientCapacity);
         }
         if n == 0 {
@@ -320,6 +324,10 @@ where
             Ok((result, first)) => {
                 if first {
                     self.wake_sweeper();
+                }
+                match result {
+                    Ok(()) => self.counters.granted(n),
+                    Err(_) => self.counters.refused(),
                 }
                 result
             }
@@ -374,10 +382,12 @@ where
     }
 
     fn stats(&self) -> KeyedStats {
-        match &self.words {
+        let mut stats = match &self.words {
             Words::Narrow(map) => map.stats(),
             Words::Wide(map) => map.stats(),
-        }
+        };
+        (stats.granted, stats.limited) = self.counters.totals();
+        stats
     }
 }
 
@@ -516,7 +526,8 @@ where
         self.len() == 0
     }
 
-    /// Keys held, evicted and refused so far.
+    /// Keys held, evicted and refused so far, and the permits granted and
+    /// requests limited.
     pub fn stats(&self) -> KeyedStats {
         self.inner.stats()
     }

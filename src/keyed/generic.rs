@@ -11,6 +11,7 @@ use tokio::sync::Notify;
 
 use super::map::{ShardMap, Unavailable};
 use super::{KeyedStats, Sweep, spawn_sweeper};
+use crate::stats::Counters;
 use crate::{AcquireError, ConfigError, Limiter, TryAcquireError};
 
 type Factory<L> = dyn Fn() -> Result<L, ConfigError> + Send + Sync;
@@ -71,6 +72,7 @@ struct Inner<K, L, S> {
     factory: Box<Factory<L>>,
     runtime: Option<tokio::runtime::Handle>,
     sweeper: Option<Arc<Notify>>,
+    counters: Counters,
 }
 
 /// Configures a [`Keyed`]; made by [`Keyed::builder`].
@@ -182,6 +184,7 @@ where
             factory: Box::new(move || factory()),
             runtime: runtime.clone(),
             sweeper: notify.clone(),
+            counters: Counters::default(),
         });
         if let (Some(runtime), Some(notify)) = (runtime, notify) {
             let weak: Weak<dyn Sweep> = Arc::downgrade(&inner) as Weak<dyn Sweep>;
@@ -197,6 +200,14 @@ where
     L: Limiter + Clone,
     S: BuildHasher,
 {
+    fn count(&self, n: u32, granted: bool) {
+        if granted {
+            self.counters.granted(n);
+        } else {
+            self.counters.refused();
+        }
+    }
+
     fn make(&self) -> Option<L> {
         let _entered = self.runtime.as_ref().map(tokio::runtime::Handle::enter);
         match (self.factory)() {
@@ -292,7 +303,10 @@ where
         Q::Owned: Into<K>,
     {
         match self.inner.with(key, false, |l| l.try_acquire_many(n)) {
-            Ok(result) => result,
+            Ok(result) => {
+                self.inner.count(n, result.is_ok());
+                result
+            }
             Err(Unavailable::Refused { retry_after }) => {
                 Err(TryAcquireError::Limited { retry_after })
             }
@@ -339,7 +353,11 @@ where
         loop {
             match self.inner.with(key, false, L::clone) {
                 // The clone keeps the key from being evicted while we wait.
-                Ok(limiter) => return limiter.acquire_many(n).await,
+                Ok(limiter) => {
+                    let result = limiter.acquire_many(n).await;
+                    self.inner.count(n, result.is_ok());
+                    return result;
+                }
                 Err(Unavailable::Refused { retry_after }) => {
                     tokio::time::sleep(retry_after).await;
                 }
@@ -377,9 +395,12 @@ where
         self.len() == 0
     }
 
-    /// Keys held, evicted and refused so far.
+    /// Keys held, evicted and refused so far, and the permits granted and
+    /// requests limited through this map.
     pub fn stats(&self) -> KeyedStats {
-        self.inner.map.stats()
+        let mut stats = self.inner.map.stats();
+        (stats.granted, stats.limited) = self.inner.counters.totals();
+        stats
     }
 
     /// Drops every fresh key now (the crate also does this on its own).

@@ -43,6 +43,11 @@ pub struct KeyedStats {
     pub evicted: u64,
     /// New keys refused because `max_keys` were all active.
     pub refused: u64,
+    /// Permits granted, over all keys.
+    pub granted: u64,
+    /// Requests refused by a key's limit (rate limited, or more than its
+    /// capacity), over all keys.
+    pub limited: u64,
 }
 
 #[repr(align(128))]
@@ -95,6 +100,8 @@ impl<K, V, S> ShardMap<K, V, S> {
             keys: self.len(),
             evicted: self.evicted.load(Ordering::Relaxed),
             refused: self.refused.load(Ordering::Relaxed),
+            granted: 0,
+            limited: 0,
         }
     }
 }

@@ -1,0 +1,84 @@
+//! `Stats`: what a limiter has done, for metrics and logs.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+/// A limiter's counters and its state now, from `stats()`.
+///
+/// # Examples
+///
+/// ```
+/// use tokio_ratelimit::{Funnel, Rate};
+///
+/// let funnel = Funnel::builder().rate(Rate::per_second(1)).capacity(2).build().unwrap();
+/// funnel.try_acquire_many(2).unwrap();
+/// assert!(funnel.try_acquire().is_err());
+/// let stats = funnel.stats();
+/// assert_eq!((stats.granted, stats.refused, stats.waiting), (2, 1, 0));
+/// assert_eq!(stats.available, Some(0));
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Permits granted so far (the sum of `n` over successful calls; a
+    /// reservation counts once committed).
+    pub granted: u64,
+    /// Requests refused so far: rate limited, timed out, overflowed, or
+    /// larger than the capacity (not those refused because the limiter was
+    /// closed).
+    pub refused: u64,
+    /// Callers waiting in `acquire` now.
+    pub waiting: usize,
+    /// Permits that could be taken at once now (whole tokens, or free room
+    /// in a leaky bucket); `None` where the algorithm has no such number
+    /// (the smooth limiters, which let any request through and make the
+    /// next one pay).
+    pub available: Option<u32>,
+}
+
+/// Counters bumped on the hot paths, striped over cache lines so that
+/// threads sharing a limiter do not fight over one line.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    stripes: [Stripe; STRIPES],
+}
+
+const STRIPES: usize = 4;
+
+#[derive(Debug, Default)]
+#[repr(align(64))]
+struct Stripe {
+    granted: AtomicU64,
+    refused: AtomicU64,
+}
+
+fn stripe() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static STRIPE: usize = NEXT.fetch_add(1, Ordering::Relaxed) % STRIPES;
+    }
+    STRIPE.with(|s| *s)
+}
+
+impl Counters {
+    pub(crate) fn granted(&self, permits: u32) {
+        self.stripes[stripe()]
+            .granted
+            .fetch_add(u64::from(permits), Ordering::Relaxed);
+    }
+
+    pub(crate) fn refused(&self) {
+        self.stripes[stripe()]
+            .refused
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The totals: (granted permits, refused requests).
+    pub(crate) fn totals(&self) -> (u64, u64) {
+        self.stripes.iter().fold((0, 0), |(g, r), s| {
+            (
+                g + s.granted.load(Ordering::Relaxed),
+                r + s.refused.load(Ordering::Relaxed),
+            )
+        })
+    }
+}
