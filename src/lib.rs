@@ -114,6 +114,9 @@
 //!
 //! * `test-util` — helpers for paused-clock tests of code that uses the
 //!   limiters.
+//! * `redis` — [`redis::RedisFunnel`]: the funnel per key with its state in
+//!   Redis, one limit shared by many processes (server time, one atomic
+//!   script per decision, fail open or closed).
 //!
 //! # Tracing
 //!
@@ -135,6 +138,9 @@ pub mod leaky;
 mod limiter;
 mod queue;
 mod rate;
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub mod redis;
 pub mod smooth;
 #[cfg(feature = "test-util")]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
