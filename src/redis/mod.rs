@@ -457,12 +457,11 @@ impl Builder {
             // Our own deadline (per decision) fires first; this one only
             // clears requests a stalled server never answers.
             .set_response_timeout(Some(self.timeout.saturating_mul(2)))
-            // Reconnect soon after Redis is back: exponential backoff from
-            // 25 ms, at most 250 ms apart, then a fresh round on the next
-            // decision.
-            .set_min_delay(Duration::from_millis(25))
-            .set_max_delay(Duration::from_millis(250))
-            .set_number_of_retries(6);
+            // One connection attempt per reconnection, no backoff: while
+            // Redis refuses connections a decision fails at once instead of
+            // waiting out its deadline behind a backoff sleep, and the
+            // first decision after Redis is back reconnects.
+            .set_number_of_retries(0);
         let mut conn = ConnectionManager::new_lazy_with_config(client, config)
             .map_err(RedisBuildError::Redis)?;
         let script = Script::new(SCRIPT);
