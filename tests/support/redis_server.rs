@@ -62,10 +62,14 @@ impl RedisServer {
                 "`{binary}` not found: install it (Debian/Ubuntu: `apt-get install redis-server`)"
             );
             assert!(!required(), "REQUIRE_REDIS=1 but {msg}");
-            eprintln!(
+            // Straight to the process's stderr: libtest captures `eprintln!`
+            // of passing tests, and this must not go unseen.
+            // One write, so parallel tests do not interleave their lines.
+            let line = format!(
                 "\n*** SKIPPED Redis test `{name}`: {msg}, or set REDIS_SERVER=/path/to/redis-server; \
                  set REQUIRE_REDIS=1 to make this a failure ***\n"
             );
+            let _ = std::io::stderr().write_all(line.as_bytes());
             return None;
         };
         let dir = std::env::temp_dir().join(format!(
