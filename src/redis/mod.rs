@@ -57,8 +57,8 @@
 //!   script, never a replica's clock: skew between replicas cannot widen
 //!   the limit. (Allowed since Redis 5, where scripts replicate their
 //!   effects; Redis 5 or later is required.)
-//! * **Memory follows active keys.** Each write sets the key to expire at
-//!   its theoretical arrival time, rounded up to the next millisecond: once
+//! * **Memory follows active keys.** Each write sets the key to expire just
+//!   after its theoretical arrival time, at the next whole millisecond: once
 //!   the funnel has drained, its state is indistinguishable from no state,
 //!   and Redis drops it.
 //! * **Exact arithmetic.** Lua numbers are doubles, exact for integers below
@@ -84,9 +84,13 @@
 //! `Limited`. Either way it is counted in [`RedisStats::backend_errors`],
 //! and the first failure after a success (and the recovery) is logged at
 //! `warn` (`info`) level through `tracing`. The connection is a
-//! [`redis::aio::ConnectionManager`](::redis::aio::ConnectionManager): it
-//! reconnects on its own, with backoff capped at 250 ms, so decisions go
-//! back to Redis shortly after it returns.
+//! [`redis::aio::ConnectionManager`], which reconnects on its own; it is set
+//! to make one connection attempt per reconnection, without backoff, so
+//! while Redis refuses connections a decision fails at once (in about a
+//! tenth of a millisecond on loopback) instead of waiting out its deadline,
+//! and the first decision after Redis is back reconnects. A Redis that
+//! accepts connections but does not answer (stalled, or a host that drops
+//! packets) costs each decision its full deadline.
 //!
 //! Waiting (`acquire`) is a loop of decisions: sleep `retry_after`, ask
 //! again. There is no queue shared between replicas, so waiters are not
@@ -322,7 +326,7 @@ impl Decision {
     }
 }
 
-/// Where a [`RedisFunnel`] connects: a [`redis::Client`](::redis::Client),
+/// Where a [`RedisFunnel`] connects: a [`redis::Client`],
 /// or anything the `redis` crate opens one from (a URL as `&str` or
 /// `String`, a [`ConnectionInfo`](::redis::ConnectionInfo)).
 pub trait IntoClient {
@@ -528,7 +532,7 @@ type Reply = (i64, i64, i64, i64);
 
 impl RedisFunnel {
     /// A builder that will connect to `client` (a
-    /// [`redis::Client`](::redis::Client) or a URL such as
+    /// [`redis::Client`] or a URL such as
     /// `"redis://127.0.0.1:6379/"`); [`rate`](Builder::rate) is required.
     pub fn builder(client: impl IntoClient) -> Builder {
         Builder {
