@@ -287,7 +287,7 @@ async fn batch_in_one_round_trip() {
 
 /// Rate and capacity of the two-process test.
 const HAMMER_RATE: u32 = 2000;
-const HAMMER_CAPACITY: u32 = 20;
+const HAMMER_CAPACITY: u32 = 100;
 
 /// One replica process of `two_processes_share_one_limit`: two independent
 /// limiters (two connection managers) hammering one key, reporting their
@@ -394,7 +394,7 @@ async fn two_processes_share_one_limit() {
     assert!(t >= 2_500_000, "the replicas ran for {t} µs");
     assert!(granted <= bound, "{granted} > {bound}");
     assert!(granted >= floor, "{granted} < {floor}");
-    assert!(decisions > 2 * granted, "demand did not saturate the limit");
+    assert!(decisions > granted, "demand did not exceed the limit");
 }
 
 #[tokio::test]
