@@ -95,6 +95,15 @@
 //! Waiting (`acquire`) is a loop of decisions: sleep `retry_after`, ask
 //! again. There is no queue shared between replicas, so waiters are not
 //! served in arrival order; a waiter that loses a race waits again.
+//!
+//! # Real time only
+//!
+//! Unlike the in-process limiters, a `RedisFunnel` cannot run under tokio's
+//! paused clock: while the runtime waits for Redis, a paused clock jumps to
+//! the next timer (a connection or decision deadline), so `build()` and
+//! every decision time out. Test code that uses it against a real `redis-server` in
+//! real time (as this crate's own tests do), or put it behind an interface
+//! that tests replace with [`KeyedFunnel`](crate::keyed::KeyedFunnel).
 
 mod repr;
 
