@@ -21,3 +21,9 @@ pub(crate) fn now() -> Instant {
 pub(crate) fn sleep_until(deadline: Instant) -> Sleep {
     tokio::time::sleep_until(deadline)
 }
+
+/// A timer that fires after `duration` (rounded up to the next tick).
+#[cfg(feature = "redis")]
+pub(crate) fn sleep(duration: Duration) -> Sleep {
+    tokio::time::sleep(duration)
+}

@@ -34,6 +34,7 @@
 //! | [`SmoothWarmingUp`] | Guava's `SmoothWarmingUp`: starts cold (`cold_factor` × slower), ramps up to `rate` over `warmup`, cools down when idle | none | backends that need warming up (caches, connection pools) |
 //! | [`keyed::KeyedFunnel`] | a funnel per key, one word of state each; drained keys dropped automatically | a sweeper, idle when empty | per user / per IP limits, millions of keys |
 //! | [`keyed::Keyed`] | any limiter per key, built on first use; fresh keys dropped automatically | a sweeper, plus each key's own | per host / per tenant budgets with FIFO waiting |
+//! | `redis::RedisFunnel` (feature `redis`) | a funnel per key with its state in Redis: one atomic script per decision on the server's clock; keys expire once drained; fail open or closed | none (the Redis connection's own) | one limit shared by every replica of a service |
 //!
 //! The first three are the same exact arithmetic ([`algorithm`]): a funnel,
 //! a leaky bucket's meter and a token bucket that starts full admit exactly
@@ -114,6 +115,9 @@
 //!
 //! * `test-util` — helpers for paused-clock tests of code that uses the
 //!   limiters.
+//! * `redis` — `redis::RedisFunnel`: the funnel per key with its state in
+//!   Redis, one limit shared by many processes (server time, one atomic
+//!   script per decision, fail open or closed).
 //!
 //! # Tracing
 //!
@@ -135,6 +139,9 @@ pub mod leaky;
 mod limiter;
 mod queue;
 mod rate;
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub mod redis;
 mod reservation;
 pub mod smooth;
 mod stats;
