@@ -27,7 +27,8 @@ use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota};
 use tokio::runtime::Runtime;
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinHandle;
-use tokio_ratelimit::{Funnel, LeakyBucket, Rate, TokenBucket};
+use tokio_ratelimit::keyed::KeyedFunnel;
+use tokio_ratelimit::{Funnel, LeakyBucket, Rate, SmoothBursty, SmoothWarmingUp, TokenBucket};
 use tokio_ratelimit_benches::{
     Table, cpu_time, load_average, machine, median, quantile, ratio_line, rss_bytes,
     thread_cpu_time, today_utc, trim_heap,
@@ -122,9 +123,8 @@ enum Kind {
     /// `LeakyBucket::acquire`: the shaper.
     Shaper,
     Funnel,
-    // SMOOTH (issue 3): the lead adds `SmoothBursty` and `SmoothWarmingUp`
-    // here, in `Kind::name`, `Subject`, `build_try`, `build_wait`, the
-    // `Subject` methods and the kind lists below.
+    SmoothBursty,
+    SmoothWarmingUp,
     Governor,
     LeakyCrate,
     Semaphore,
@@ -145,6 +145,8 @@ impl Kind {
             Kind::Meter => "LeakyBucket (meter)",
             Kind::Shaper => "LeakyBucket (shaper)",
             Kind::Funnel => "Funnel",
+            Kind::SmoothBursty => "SmoothBursty",
+            Kind::SmoothWarmingUp => "SmoothWarmingUp",
             Kind::Governor => "governor",
             Kind::LeakyCrate => "leaky-bucket",
             Kind::Semaphore => "Semaphore + refill",
@@ -153,22 +155,24 @@ impl Kind {
 }
 
 /// The limiters compared by `try_acquire` (scenarios 1 and 2).
-const TRY_KINDS: [Kind; 6] = [
+const TRY_KINDS: [Kind; 8] = [
     Kind::Token,
     Kind::Meter,
     Kind::Funnel,
-    // SMOOTH (issue 3): Kind::SmoothBursty, Kind::SmoothWarmingUp,
+    Kind::SmoothBursty,
+    Kind::SmoothWarmingUp,
     Kind::Governor,
     Kind::LeakyCrate,
     Kind::Semaphore,
 ];
 
 /// The limiters compared by `acquire` (scenarios 3, 4 and 6).
-const WAIT_KINDS: [Kind; 6] = [
+const WAIT_KINDS: [Kind; 8] = [
     Kind::Token,
     Kind::Shaper,
     Kind::Funnel,
-    // SMOOTH (issue 3): Kind::SmoothBursty, Kind::SmoothWarmingUp,
+    Kind::SmoothBursty,
+    Kind::SmoothWarmingUp,
     Kind::Governor,
     Kind::LeakyCrate,
     Kind::Semaphore,
@@ -180,7 +184,8 @@ enum Subject {
     Meter(LeakyBucket),
     Shaper(LeakyBucket),
     Funnel(Funnel),
-    // SMOOTH (issue 3): SmoothBursty(SmoothBursty), SmoothWarmingUp(SmoothWarmingUp),
+    SmoothBursty(SmoothBursty),
+    SmoothWarmingUp(SmoothWarmingUp),
     Governor(DefaultDirectRateLimiter),
     LeakyCrate(leaky_bucket::RateLimiter),
     /// The refill task, held only to be aborted with the Semaphore.
@@ -305,6 +310,24 @@ fn build_wait(kind: Kind, spec: Spec) -> Subject {
                 .build()
                 .unwrap(),
         ),
+        // Guava's limiters take the same limit as a rate and a burst time
+        // (bursty), or warm up over 100 ms from 3× slower.
+        Kind::SmoothBursty => Subject::SmoothBursty(
+            SmoothBursty::builder()
+                .permits_per_second(spec.per_sec())
+                .max_burst(Duration::from_secs_f64(
+                    f64::from(spec.capacity) / spec.per_sec(),
+                ))
+                .build()
+                .unwrap(),
+        ),
+        Kind::SmoothWarmingUp => Subject::SmoothWarmingUp(
+            SmoothWarmingUp::builder()
+                .permits_per_second(spec.per_sec())
+                .warmup(Duration::from_millis(100))
+                .build()
+                .unwrap(),
+        ),
         Kind::Governor => Subject::Governor(governor::RateLimiter::direct(spec.quota())),
         Kind::LeakyCrate => Subject::LeakyCrate(spec.leaky_crate()),
         Kind::Semaphore => spec.semaphore(),
@@ -361,6 +384,8 @@ impl Subject {
             Subject::Token(b) => b.try_acquire().is_ok(),
             Subject::Meter(b) | Subject::Shaper(b) => b.try_acquire().is_ok(),
             Subject::Funnel(f) => f.try_acquire().is_ok(),
+            Subject::SmoothBursty(l) => l.try_acquire().is_ok(),
+            Subject::SmoothWarmingUp(l) => l.try_acquire().is_ok(),
             Subject::Governor(g) => g.check().is_ok(),
             Subject::LeakyCrate(l) => l.try_acquire(1),
             Subject::Semaphore(s, _) => s.try_acquire().map(|p| p.forget()).is_ok(),
@@ -375,6 +400,8 @@ impl Subject {
             // The meter has no waiting form of its own; `acquire` shapes.
             Subject::Meter(b) | Subject::Shaper(b) => b.acquire().await.is_ok(),
             Subject::Funnel(f) => f.acquire().await.is_ok(),
+            Subject::SmoothBursty(l) => l.acquire().await.is_ok(),
+            Subject::SmoothWarmingUp(l) => l.acquire().await.is_ok(),
             Subject::Governor(g) => {
                 g.until_ready().await;
                 true
@@ -395,6 +422,8 @@ impl Subject {
             Subject::Token(b) => time_loop(n, || b.try_acquire().is_ok()),
             Subject::Meter(b) | Subject::Shaper(b) => time_loop(n, || b.try_acquire().is_ok()),
             Subject::Funnel(f) => time_loop(n, || f.try_acquire().is_ok()),
+            Subject::SmoothBursty(l) => time_loop(n, || l.try_acquire().is_ok()),
+            Subject::SmoothWarmingUp(l) => time_loop(n, || l.try_acquire().is_ok()),
             Subject::Governor(g) => time_loop(n, || g.check().is_ok()),
             Subject::LeakyCrate(l) => time_loop(n, || l.try_acquire(1)),
             Subject::Semaphore(s, _) => {
@@ -409,7 +438,9 @@ impl Subject {
 /// then one per interval).
 fn burst(kind: Kind, capacity: u32) -> u32 {
     match kind {
-        Kind::Shaper => 1,
+        // The smooth limiters start with nothing stored (bursty) or cold
+        // (warm-up): the first request is free, the rest are paced.
+        Kind::Shaper | Kind::SmoothBursty | Kind::SmoothWarmingUp => 1,
         _ => capacity,
     }
 }
@@ -1379,15 +1410,34 @@ fn memory(rt: &Runtime, set: &Settings) {
             "idle CPU s per s",
         ],
     );
-    t.row(vec![
-        format!("KeyedFunnel, {} keys", set.keys),
-        "KeyedFunnel: pending issue 4".into(),
-        "—".into(),
-        "—".into(),
-        "—".into(),
-    ]);
+    // KeyedFunnel: 1 M distinct u64 keys, the same quota as governor's.
+    let ours = {
+        trim_heap();
+        let before = rss_bytes();
+        let limiter: KeyedFunnel<u64> = KeyedFunnel::builder()
+            .rate(Rate::per_second(1_000_000_000))
+            .capacity(1_000_000)
+            .build()
+            .unwrap();
+        for k in 0..set.keys {
+            assert!(limiter.try_acquire(&k).is_ok());
+        }
+        let after = rss_bytes();
+        #[allow(clippy::cast_precision_loss)]
+        let bytes = (after.saturating_sub(before)) as f64 / set.keys as f64;
+        let (hot, random) = keyed_checks(|k| limiter.try_acquire(&k).is_ok(), set.keys, set);
+        t.row(vec![
+            format!("KeyedFunnel, {} keys", set.keys),
+            format!("{bytes:.1}"),
+            format!("{hot:.1}"),
+            format!("{random:.1}"),
+            "—".into(),
+        ]);
+        drop(limiter);
+        (bytes, hot, random)
+    };
     // governor keyed: 1 M distinct u64 keys.
-    {
+    let theirs = {
         trim_heap();
         let before = rss_bytes();
         let limiter: DefaultKeyedRateLimiter<u64> = governor::RateLimiter::keyed(
@@ -1410,7 +1460,28 @@ fn memory(rt: &Runtime, set: &Settings) {
             "—".into(),
         ]);
         drop(limiter);
-    }
+        (bytes, hot, random)
+    };
+    let keyed_notes = [
+        ratio_line(
+            "KeyedFunnel bytes per key / governor keyed",
+            ours.0 / theirs.0,
+            "≤",
+            1.0,
+        ),
+        ratio_line(
+            "KeyedFunnel hot key / governor keyed",
+            ours.1 / theirs.1,
+            "≤",
+            1.0,
+        ),
+        ratio_line(
+            "KeyedFunnel random key / governor keyed",
+            ours.2 / theirs.2,
+            "≤",
+            1.0,
+        ),
+    ];
     // Idle limiters: built, used once (one permit taken), then left alone.
     let idle = set.idle;
     let mut idle_row = |name: &str, make: &dyn Fn() -> Box<dyn std::any::Any + Send>| {
@@ -1458,7 +1529,14 @@ fn memory(rt: &Runtime, set: &Settings) {
         assert!(f.try_acquire().is_ok());
         Box::new(f)
     });
-    // SMOOTH (issue 3): idle SmoothBursty / SmoothWarmingUp rows here.
+    idle_row("SmoothBursty", &|| {
+        let l = SmoothBursty::builder()
+            .permits_per_second(spec.per_sec())
+            .build()
+            .unwrap();
+        assert!(l.try_acquire().is_ok());
+        Box::new(l)
+    });
     idle_row("governor direct", &|| {
         let g = governor::RateLimiter::direct(spec.quota());
         assert!(g.check().is_ok());
@@ -1470,7 +1548,9 @@ fn memory(rt: &Runtime, set: &Settings) {
          Idle limiters: 100/s, capacity 10, one permit taken, then 2 s idle; \
          TokenBucket includes its parked actor task.",
     );
-    t.note("- KeyedFunnel targets (bytes per key, hot and random check ≤ governor keyed): pending issue 4");
+    for note in keyed_notes {
+        t.note(note);
+    }
     t.note(ratio_line(
         "idle TokenBuckets, CPU s per s (an idle limiter costs no CPU)",
         token_cpu,
