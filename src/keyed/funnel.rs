@@ -298,8 +298,13 @@ where
     S: BuildHasher,
 {
     fn now(&self) -> u128 {
-        self.params
-            .scale(clock::now().saturating_duration_since(self.origin))
+        let elapsed = clock::now().saturating_duration_since(self.origin);
+        // In 64 bits: `as_nanos` multiplies in 128.
+        let nanos = elapsed
+            .as_secs()
+            .saturating_mul(1_000_000_000)
+            .saturating_add(u64::from(elapsed.subsec_nanos()));
+        self.params.scale_nanos(u128::from(nanos))
     }
 
     fn try_acquire<Q>(&self, key: &Q, n: u32) -> Result<(), TryAcquireError>
@@ -316,6 +321,18 @@ where
             return Ok(());
         }
         let now = self.now();
+        // An existing key: a read lock and one compare-and-swap.
+        let known = match &self.words {
+            Words::Narrow(map) => map.get(key, |w| self.decide(w, now, n)),
+            Words::Wide(map) => map.get(key, |w| self.decide(w, now, n)),
+        };
+        if let Some(result) = known {
+            match result {
+                Ok(()) => self.counters.granted(n),
+                Err(_) => self.counters.refused(),
+            }
+            return result;
+        }
         let outcome = match &self.words {
             Words::Narrow(map) => self.pour(map, key, now, n),
             Words::Wide(map) => self.pour(map, key, now, n),
@@ -357,22 +374,29 @@ where
             || Some(W::new(now)),
             |w| w.read(params, now).1 <= now,
             false,
-            |w| loop {
-                let (raw, tat) = w.read(params, now);
-                match params.try_pour(tat, now, n) {
-                    Ok(end) => {
-                        if w.replace(raw, end) {
-                            return Ok(());
-                        }
-                    }
-                    Err(wait) => {
-                        return Err(TryAcquireError::Limited {
-                            retry_after: params.duration_ceil(wait),
-                        });
+            |w| self.decide(w, now, n),
+        )
+    }
+
+    /// The meter's decision on one key's word.
+    #[inline]
+    fn decide<W: Word>(&self, w: &W, now: u128, n: u32) -> Result<(), TryAcquireError> {
+        let params = &self.params;
+        loop {
+            let (raw, tat) = w.read(params, now);
+            match params.try_pour(tat, now, n) {
+                Ok(end) => {
+                    if w.replace(raw, end) {
+                        return Ok(());
                     }
                 }
-            },
-        )
+                Err(wait) => {
+                    return Err(TryAcquireError::Limited {
+                        retry_after: params.duration_ceil(wait),
+                    });
+                }
+            }
+        }
     }
 
     fn wake_sweeper(&self) {

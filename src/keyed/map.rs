@@ -151,8 +151,8 @@ where
     }
 
     /// Runs `f` on the value of an existing key, under the shard's read
-    /// lock.
-    #[cfg(test)]
+    /// lock: the hot path, kept free of the insertion machinery.
+    #[inline]
     pub(crate) fn get<Q, R>(&self, key: &Q, f: impl FnOnce(&V) -> R) -> Option<R>
     where
         K: Borrow<Q>,
