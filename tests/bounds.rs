@@ -15,6 +15,9 @@ use tokio_ratelimit::{
     funnel, leaky, token,
 };
 
+mod support;
+use support::{limited, ms};
+
 fn handle<T: Clone + Send + Sync + Debug + Unpin + 'static>() {}
 fn builder<T: Clone + Default + Send + Sync + Debug + Unpin + 'static>() {}
 fn rate<T: Copy + Send + Sync + Debug + Display + Hash + Eq + 'static>() {}
@@ -28,6 +31,7 @@ fn send<F: Future + Send>(f: F) -> F {
 #[test]
 fn handles_are_clone_send_sync_debug_unpin_static() {
     handle::<TokenBucket>();
+
     handle::<LeakyBucket>();
     handle::<Funnel>();
     builder::<token::Builder>();
@@ -95,14 +99,6 @@ async fn futures_are_send() {
         .await
         .unwrap()
         .unwrap();
-}
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-fn limited(retry_after: Duration) -> Result<(), TryAcquireError> {
-    Err(TryAcquireError::Limited { retry_after })
 }
 
 /// Every trait method on a token bucket or a funnel of 10/s, capacity 2,

@@ -13,9 +13,8 @@ use tokio_ratelimit::{
 };
 use tokio_test::{assert_pending, assert_ready_ok, task};
 
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
+mod support;
+use support::{join_all, limited, ms, settle};
 
 fn every_100ms() -> Rate {
     Rate::every(ms(100))
@@ -46,17 +45,6 @@ fn funnel(capacity: u32) -> Funnel {
         .unwrap()
 }
 
-fn limited(retry_after: Duration) -> Result<(), TryAcquireError> {
-    Err(TryAcquireError::Limited { retry_after })
-}
-
-/// Lets spawned tasks (and actors) run without moving the clock.
-async fn settle() {
-    for _ in 0..5 {
-        yield_now().await;
-    }
-}
-
 /// Spawns a task that acquires `n` permits and returns when it got them
 /// (since `start`); lets it arrive before returning, so that arrival order
 /// is spawn order.
@@ -65,20 +53,13 @@ where
     L: Limiter + Clone + 'static,
 {
     let limiter = limiter.clone();
+
     let handle = tokio::spawn(async move {
         limiter.acquire_many(n).await.unwrap();
         start.elapsed()
     });
     settle().await;
     handle
-}
-
-async fn join_all(handles: Vec<JoinHandle<Duration>>) -> Vec<Duration> {
-    let mut out = vec![];
-    for h in handles {
-        out.push(h.await.unwrap());
-    }
-    out
 }
 
 // ---------------------------------------------------------------------------

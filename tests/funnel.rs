@@ -14,9 +14,8 @@ use tokio_ratelimit::test_util::GrantLog;
 use tokio_ratelimit::{AcquireError, Funnel, Rate, TryAcquireError};
 use tokio_test::{assert_pending, assert_ready, assert_ready_eq, task};
 
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
+mod support;
+use support::{limited, ms};
 
 fn funnel(rate: Rate, capacity: u32) -> Funnel {
     Funnel::builder()
@@ -26,13 +25,10 @@ fn funnel(rate: Rate, capacity: u32) -> Funnel {
         .unwrap()
 }
 
-fn limited(retry_after: Duration) -> Result<(), TryAcquireError> {
-    Err(TryAcquireError::Limited { retry_after })
-}
-
 /// Polls a future once with a waker that does nothing (no runtime needed).
 fn poll_once<F: Future>(f: F) -> Poll<F::Output> {
     let mut f = pin!(f);
+
     f.as_mut().poll(&mut Context::from_waker(Waker::noop()))
 }
 

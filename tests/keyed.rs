@@ -15,13 +15,8 @@ use tokio_ratelimit::keyed::{Keyed, KeyedFunnel};
 use tokio_ratelimit::test_util::GrantLog;
 use tokio_ratelimit::{Funnel, LeakyBucket, Limiter, Rate, TokenBucket, TryAcquireError};
 
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-fn limited(retry_after: Duration) -> Result<(), TryAcquireError> {
-    Err(TryAcquireError::Limited { retry_after })
-}
+mod support;
+use support::{limited, ms};
 
 fn funnels(rate: Rate, capacity: u32) -> KeyedFunnel<String> {
     KeyedFunnel::builder()
@@ -34,6 +29,7 @@ fn funnels(rate: Rate, capacity: u32) -> KeyedFunnel<String> {
 #[tokio::test(start_paused = true)]
 async fn keys_are_independent_and_retry_after_is_exact() {
     let map = funnels(Rate::per_second(2), 2);
+
     assert_eq!(map.try_acquire("a"), Ok(()));
     assert_eq!(map.try_acquire("a"), Ok(()));
     assert_eq!(map.try_acquire("a"), limited(ms(500)));

@@ -13,9 +13,8 @@ use tokio_ratelimit::test_util::GrantLog;
 use tokio_ratelimit::{AcquireError, LeakyBucket, Rate, TryAcquireError};
 use tokio_test::{assert_pending, assert_ready, assert_ready_eq, task};
 
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
+mod support;
+use support::{limited, ms};
 
 fn bucket(rate: Rate, capacity: u32) -> LeakyBucket {
     LeakyBucket::builder()
@@ -25,13 +24,10 @@ fn bucket(rate: Rate, capacity: u32) -> LeakyBucket {
         .unwrap()
 }
 
-fn limited(retry_after: Duration) -> Result<(), TryAcquireError> {
-    Err(TryAcquireError::Limited { retry_after })
-}
-
 #[tokio::test(start_paused = true)]
 async fn shaper_sequential_awaits_are_one_interval_apart() {
     let b = bucket(Rate::per_second(10), 5);
+
     let start = Instant::now();
     let mut at = vec![];
     for _ in 0..5 {

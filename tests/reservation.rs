@@ -12,13 +12,8 @@ use tokio_ratelimit::{
 };
 use tokio_test::{assert_pending, assert_ready_ok, task};
 
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-fn limited(retry_after: Duration) -> Result<(), TryAcquireError> {
-    Err(TryAcquireError::Limited { retry_after })
-}
+mod support;
+use support::{limited, ms};
 
 fn bucket(capacity: u32) -> TokenBucket {
     TokenBucket::builder()
@@ -31,6 +26,7 @@ fn bucket(capacity: u32) -> TokenBucket {
 #[tokio::test(start_paused = true)]
 async fn a_dropped_reservation_gives_its_permits_back() {
     let b = bucket(3);
+
     let r = b.reserve(2).await.unwrap();
     assert!(r.is_returnable());
     assert_eq!(b.available(), 1);

@@ -16,9 +16,8 @@ use tokio_ratelimit::{
 };
 use tokio_test::{assert_pending, assert_ready, task};
 
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
+mod support;
+use support::{limited, ms};
 
 fn bursty(rate: f64) -> SmoothBursty {
     SmoothBursty::builder()
@@ -36,13 +35,10 @@ fn warming_up(rate: f64, warmup: Duration, cold_factor: f64) -> SmoothWarmingUp 
         .unwrap()
 }
 
-fn limited(retry_after: Duration) -> Result<(), TryAcquireError> {
-    Err(TryAcquireError::Limited { retry_after })
-}
-
 /// The wait of each of `n` single-permit acquires in a row.
 async fn waits<L: Limiter>(limiter: &L, n: usize) -> Vec<Duration> {
     let mut out = Vec::with_capacity(n);
+
     for _ in 0..n {
         let start = Instant::now();
         limiter.acquire().await.unwrap();

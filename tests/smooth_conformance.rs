@@ -28,6 +28,9 @@ use tokio_ratelimit::algorithm::SmoothState;
 
 use guava::Model;
 
+mod support;
+use support::us;
+
 const VECTORS: &str = include_str!("data/guava_vectors.json");
 
 /// What the replays drive: `SmoothState`, or the port of Guava.
@@ -87,10 +90,6 @@ fn u64_of(v: &Value, key: &str) -> u64 {
 
 fn u32_of(v: &Value, key: &str) -> u32 {
     u32::try_from(u64_of(v, key)).unwrap_or_else(|_| panic!("{key:?} is not a u32 in {v}"))
-}
-
-fn us(n: u64) -> Duration {
-    Duration::from_micros(n)
 }
 
 fn limiter(scenario: &Value) -> SmoothState {

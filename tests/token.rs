@@ -5,15 +5,14 @@
 
 use std::time::Duration;
 
-use tokio::task::{JoinHandle, yield_now};
+use tokio::task::JoinHandle;
 use tokio::time::{self, Instant};
 use tokio_ratelimit::test_util::GrantLog;
 use tokio_ratelimit::{AcquireError, ConfigError, Rate, TokenBucket, TryAcquireError};
 use tokio_test::{assert_pending, assert_ready_err, assert_ready_ok, task};
 
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
+mod support;
+use support::{join_all, limited, ms, settle};
 
 fn ns(n: u64) -> Duration {
     Duration::from_nanos(n)
@@ -36,22 +35,12 @@ fn empty_bucket(rate: Rate, capacity: u32) -> TokenBucket {
         .unwrap()
 }
 
-fn limited(retry_after: Duration) -> Result<(), TryAcquireError> {
-    Err(TryAcquireError::Limited { retry_after })
-}
-
-/// Lets spawned tasks (and the actor) run without moving the clock.
-async fn settle() {
-    for _ in 0..5 {
-        yield_now().await;
-    }
-}
-
 /// Spawns a task that waits for `n` tokens and returns when it got them
 /// (since `start`), and lets it arrive (reserve its turn) before returning,
 /// so that arrival order is spawn order.
 async fn spawn_acquire(b: &TokenBucket, n: u32, start: Instant) -> JoinHandle<Duration> {
     let b2 = b.clone();
+
     let handle = tokio::spawn(async move {
         b2.acquire_many(n).await.unwrap();
         start.elapsed()
@@ -524,14 +513,6 @@ async fn set_rate_invalid_is_an_error_and_changes_nothing() {
     assert_eq!(b.rate(), Rate::every(ms(100)));
     assert_eq!(b.try_acquire(), limited(ms(200)));
     assert_eq!(w.await.unwrap(), ms(100));
-}
-
-async fn join_all(handles: Vec<JoinHandle<Duration>>) -> Vec<Duration> {
-    let mut out = vec![];
-    for h in handles {
-        out.push(h.await.unwrap());
-    }
-    out
 }
 
 // ---------------------------------------------------------------------------

@@ -1,0 +1,39 @@
+//! Helpers shared by the integration tests (each test file uses some).
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use tokio::task::{JoinHandle, yield_now};
+use tokio_ratelimit::TryAcquireError;
+
+/// `n` milliseconds.
+pub(crate) fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// `n` microseconds.
+pub(crate) fn us(n: u64) -> Duration {
+    Duration::from_micros(n)
+}
+
+/// The refusal `try_acquire` gives when the request fits after
+/// `retry_after`.
+pub(crate) fn limited(retry_after: Duration) -> Result<(), TryAcquireError> {
+    Err(TryAcquireError::Limited { retry_after })
+}
+
+/// Lets every spawned task that can run, run (without moving the clock).
+pub(crate) async fn settle() {
+    for _ in 0..5 {
+        yield_now().await;
+    }
+}
+
+/// Awaits every task, in order.
+pub(crate) async fn join_all<T>(handles: Vec<JoinHandle<T>>) -> Vec<T> {
+    let mut out = Vec::with_capacity(handles.len());
+    for handle in handles {
+        out.push(handle.await.expect("task panicked"));
+    }
+    out
+}
