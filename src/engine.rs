@@ -514,6 +514,76 @@ impl fmt::Debug for Engine {
     }
 }
 
+/// The items every bucket handle (`TokenBucket`, `LeakyBucket`, `Funnel`)
+/// shares, in a second `impl` block: closing, capacity, reservations, stats,
+/// freshness, `Debug` and the `Limiter` impl. `$what` names the limiter in
+/// the docs; `$fresh` says what a newly built one holds.
+macro_rules! bucket_handle {
+    ($ty:ident, $what:literal, $fresh:literal) => {
+        impl $ty {
+            #[doc = concat!("Closes the ", $what, ": every waiter and every later call fails with")]
+            /// `Closed`, and a background actor, if any, ends.
+            pub fn close(&self) {
+                self.engine.close();
+            }
+
+            /// Whether [`close`](Self::close) has been called.
+            pub fn is_closed(&self) -> bool {
+                self.engine.is_closed()
+            }
+
+            #[doc = concat!("The ", $what, "'s capacity.")]
+            pub fn capacity(&self) -> u32 {
+                self.engine.capacity()
+            }
+
+            /// Waits for `n` permits like [`acquire_many`](Self::acquire_many)
+            /// and holds them: [`Reservation`](crate::Reservation)`::commit`
+            /// spends them, dropping the reservation gives them back (exactly
+            /// the part not yet drained) and moves every later reservation
+            /// forward.
+            ///
+            /// # Errors
+            ///
+            /// As [`acquire_many`](Self::acquire_many).
+            ///
+            /// # Cancel safety
+            ///
+            /// As [`acquire_many`](Self::acquire_many).
+            pub async fn reserve(
+                &self,
+                n: u32,
+            ) -> Result<$crate::Reservation, $crate::AcquireError> {
+                self.engine.reserve(n).await
+            }
+
+            /// Permits granted, requests refused, callers waiting and permits
+            /// available now.
+            pub fn stats(&self) -> $crate::Stats {
+                self.engine.stats()
+            }
+
+            #[doc = concat!("Whether this handle is the only one and the ", $what, " is in the state")]
+            #[doc = concat!("of a newly built one (", $fresh, ", nobody waiting): dropping it")]
+            /// and building a new one would change nothing.
+            /// [`Keyed`](crate::keyed::Keyed) evicts such keys.
+            pub fn is_fresh(&self) -> bool {
+                std::sync::Arc::strong_count(&self.engine) == 1 && self.engine.is_fresh()
+            }
+        }
+
+        impl std::fmt::Debug for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                self.engine.fmt(f)
+            }
+        }
+
+        $crate::limiter::impl_limiter!($ty);
+    };
+}
+
+pub(crate) use bucket_handle;
+
 fn wake_all(wakers: Vec<Waker>) {
     for waker in wakers {
         waker.wake();

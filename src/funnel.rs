@@ -1,13 +1,11 @@
 //! `Funnel`: the lazy leaky-bucket meter, with no background task.
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::algorithm::{Params, Release};
-use crate::engine::{Engine, Kind, Setup};
-use crate::limiter::impl_limiter;
-use crate::{AcquireError, ConfigError, Rate, Reservation, Stats, TryAcquireError};
+use crate::engine::{Engine, Kind, Setup, bucket_handle};
+use crate::{AcquireError, ConfigError, Rate, TryAcquireError};
 
 /// The funnel: a leaky-bucket meter computed lazily, with no task at all.
 ///
@@ -181,59 +179,14 @@ impl Funnel {
         self.engine.set_rate(rate)
     }
 
-    /// Closes the funnel: waiters and later calls fail with `Closed`.
-    pub fn close(&self) {
-        self.engine.close();
-    }
-
-    /// Whether [`close`](Self::close) has been called.
-    pub fn is_closed(&self) -> bool {
-        self.engine.is_closed()
-    }
-
     /// The current leak rate.
     pub fn rate(&self) -> Rate {
         self.engine.rate()
     }
 
-    /// The funnel's capacity, in units.
-    pub fn capacity(&self) -> u32 {
-        self.engine.capacity()
-    }
-
     /// Units of water in the funnel now, rounded up.
     pub fn level(&self) -> u32 {
         self.engine.level()
-    }
-
-    /// Waits for `n` permits like [`acquire_many`](Self::acquire_many) and
-    /// holds them: [`Reservation::commit`] spends them, dropping the
-    /// reservation gives them back (exactly the part not yet drained) and
-    /// moves every later reservation forward.
-    ///
-    /// # Errors
-    ///
-    /// As [`acquire_many`](Self::acquire_many).
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`acquire_many`](Self::acquire_many).
-    pub async fn reserve(&self, n: u32) -> Result<Reservation, AcquireError> {
-        self.engine.reserve(n).await
-    }
-
-    /// Permits granted, requests refused, callers waiting and permits
-    /// available now.
-    pub fn stats(&self) -> Stats {
-        self.engine.stats()
-    }
-
-    /// Whether this handle is the only one and the funnel is in the state
-    /// of a newly built one (empty, nobody waiting): dropping it and
-    /// building a new one would change nothing. [`Keyed`](crate::keyed::Keyed)
-    /// evicts such keys.
-    pub fn is_fresh(&self) -> bool {
-        Arc::strong_count(&self.engine) == 1 && self.engine.is_fresh()
     }
 
     /// Units that could be poured now.
@@ -242,10 +195,4 @@ impl Funnel {
     }
 }
 
-impl fmt::Debug for Funnel {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.engine.fmt(f)
-    }
-}
-
-impl_limiter!(Funnel);
+bucket_handle!(Funnel, "funnel", "empty");

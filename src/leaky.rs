@@ -14,14 +14,12 @@
 //! channel (where the actor learns of the drop only when it reaches it)
 //! cannot offer.
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::algorithm::{Params, Release};
-use crate::engine::{Engine, Kind, Setup};
-use crate::limiter::impl_limiter;
-use crate::{AcquireError, ConfigError, Rate, Reservation, Stats, TryAcquireError};
+use crate::engine::{Engine, Kind, Setup, bucket_handle};
+use crate::{AcquireError, ConfigError, Rate, TryAcquireError};
 
 /// A leaky bucket: holds up to `capacity` units of water and drains at
 /// `rate`, as a meter and as a shaper over one shared water level.
@@ -195,25 +193,9 @@ impl LeakyBucket {
         self.engine.set_rate(rate)
     }
 
-    /// Closes the bucket: every waiter and every later call fails with
-    /// `Closed`, and the actor ends.
-    pub fn close(&self) {
-        self.engine.close();
-    }
-
-    /// Whether [`close`](Self::close) has been called.
-    pub fn is_closed(&self) -> bool {
-        self.engine.is_closed()
-    }
-
     /// The current leak rate.
     pub fn rate(&self) -> Rate {
         self.engine.rate()
-    }
-
-    /// The bucket's capacity, in units.
-    pub fn capacity(&self) -> u32 {
-        self.engine.capacity()
     }
 
     /// Units of water in the bucket now, rounded up (including the water
@@ -222,46 +204,10 @@ impl LeakyBucket {
         self.engine.level()
     }
 
-    /// Waits for `n` permits like [`acquire_many`](Self::acquire_many) and
-    /// holds them: [`Reservation::commit`] spends them, dropping the
-    /// reservation gives them back (exactly the part not yet drained) and
-    /// moves every later reservation forward.
-    ///
-    /// # Errors
-    ///
-    /// As [`acquire_many`](Self::acquire_many).
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`acquire_many`](Self::acquire_many).
-    pub async fn reserve(&self, n: u32) -> Result<Reservation, AcquireError> {
-        self.engine.reserve(n).await
-    }
-
-    /// Permits granted, requests refused, callers waiting and permits
-    /// available now.
-    pub fn stats(&self) -> Stats {
-        self.engine.stats()
-    }
-
-    /// Whether this handle is the only one and the bucket is in the state
-    /// of a newly built one (empty, nobody waiting): dropping it and
-    /// building a new one would change nothing. [`Keyed`](crate::keyed::Keyed)
-    /// evicts such keys.
-    pub fn is_fresh(&self) -> bool {
-        Arc::strong_count(&self.engine) == 1 && self.engine.is_fresh()
-    }
-
     /// Shaped requests waiting to come out now.
     pub fn waiting(&self) -> usize {
         self.engine.waiting()
     }
 }
 
-impl fmt::Debug for LeakyBucket {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.engine.fmt(f)
-    }
-}
-
-impl_limiter!(LeakyBucket);
+bucket_handle!(LeakyBucket, "bucket", "empty");

@@ -1,14 +1,12 @@
 //! `TokenBucket`: tokens refill at a rate up to a capacity; callers take
 //! them, waiting in line when there are too few.
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::algorithm::{Params, Release};
-use crate::engine::{Engine, Kind, Setup};
-use crate::limiter::impl_limiter;
-use crate::{AcquireError, ConfigError, Rate, Reservation, Stats, TryAcquireError};
+use crate::engine::{Engine, Kind, Setup, bucket_handle};
+use crate::{AcquireError, ConfigError, Rate, TryAcquireError};
 
 /// A token bucket: `capacity` tokens, refilled continuously at `rate`.
 ///
@@ -247,60 +245,14 @@ impl TokenBucket {
         self.engine.set_rate(rate)
     }
 
-    /// Closes the bucket: every waiter and every later call fails with
-    /// `Closed`, and the actor ends.
-    pub fn close(&self) {
-        self.engine.close();
-    }
-
-    /// Whether [`close`](Self::close) has been called.
-    pub fn is_closed(&self) -> bool {
-        self.engine.is_closed()
-    }
-
     /// The current refill rate.
     pub fn rate(&self) -> Rate {
         self.engine.rate()
     }
 
-    /// The bucket's capacity.
-    pub fn capacity(&self) -> u32 {
-        self.engine.capacity()
-    }
-
     /// Whole tokens available now (0 while waiters have reserved them).
     pub fn available(&self) -> u32 {
         self.engine.available()
-    }
-
-    /// Waits for `n` permits like [`acquire_many`](Self::acquire_many) and
-    /// holds them: [`Reservation::commit`] spends them, dropping the
-    /// reservation gives them back (exactly the part not yet drained) and
-    /// moves every later reservation forward.
-    ///
-    /// # Errors
-    ///
-    /// As [`acquire_many`](Self::acquire_many).
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`acquire_many`](Self::acquire_many).
-    pub async fn reserve(&self, n: u32) -> Result<Reservation, AcquireError> {
-        self.engine.reserve(n).await
-    }
-
-    /// Permits granted, requests refused, callers waiting and permits
-    /// available now.
-    pub fn stats(&self) -> Stats {
-        self.engine.stats()
-    }
-
-    /// Whether this handle is the only one and the bucket is in the state
-    /// of a newly built one (as many tokens as it started with, nobody waiting): dropping it and
-    /// building a new one would change nothing. [`Keyed`](crate::keyed::Keyed)
-    /// evicts such keys.
-    pub fn is_fresh(&self) -> bool {
-        Arc::strong_count(&self.engine) == 1 && self.engine.is_fresh()
     }
 
     /// Callers waiting in `acquire` now.
@@ -309,10 +261,4 @@ impl TokenBucket {
     }
 }
 
-impl fmt::Debug for TokenBucket {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.engine.fmt(f)
-    }
-}
-
-impl_limiter!(TokenBucket);
+bucket_handle!(TokenBucket, "bucket", "as many tokens as it started with");
