@@ -1372,12 +1372,50 @@ fn waiters(rt: &Runtime, set: &Settings) {
 // Scenario 5: many keys, many idle limiters
 
 /// ns per call for a hot key and for a random key among `keys`: medians.
-fn keyed_checks(check: impl Fn(u64) -> bool, keys: u64, set: &Settings) -> (f64, f64) {
+/// Keyed checks: ns per call for a hot key and a random key, on one thread
+/// and per thread with two.
+struct KeyedTimes {
+    hot: f64,
+    random: f64,
+    hot2: f64,
+    random2: f64,
+}
+
+fn keyed_checks(check: impl Fn(u64) -> bool + Sync, keys: u64, set: &Settings) -> KeyedTimes {
     const HOT: u64 = 42;
     let mut hot = Vec::new();
     let mut random = Vec::new();
+    let mut hot2 = Vec::new();
+    let mut random2 = Vec::new();
     let n = set.calls / 2;
     for _ in 0..set.reps {
+        hot2.push(ns_per(
+            two_thread_loop(n / 2, || {
+                black_box(check(HOT));
+            }),
+            n / 2,
+        ));
+        random2.push(ns_per(
+            two_thread_loop(n / 2, || {
+                // Each thread its own xorshift64 sequence.
+                thread_local! {
+                    static RNG: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+                }
+                let x = RNG.with(|rng| {
+                    let mut x = rng.get();
+                    if x == 0 {
+                        x = (std::ptr::addr_of!(rng) as u64) | 1;
+                    }
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    rng.set(x);
+                    x
+                });
+                black_box(check(x % keys));
+            }),
+            n / 2,
+        ));
         hot.push(ns_per(time_loop(n, || check(HOT)).0, n));
         let rng = std::cell::Cell::new(0x9E37_79B9_7F4A_7C15u64);
         let d = time_loop(n, || {
@@ -1392,7 +1430,12 @@ fn keyed_checks(check: impl Fn(u64) -> bool, keys: u64, set: &Settings) -> (f64,
         .0;
         random.push(ns_per(d, n));
     }
-    (median(&hot), median(&random))
+    KeyedTimes {
+        hot: median(&hot),
+        random: median(&random),
+        hot2: median(&hot2),
+        random2: median(&random2),
+    }
 }
 
 fn memory(rt: &Runtime, set: &Settings) {
@@ -1405,8 +1448,8 @@ fn memory(rt: &Runtime, set: &Settings) {
         &[
             "subject",
             "bytes each",
-            "ns/check hot key",
-            "ns/check random key",
+            "ns/check hot key (1 / 2 threads)",
+            "ns/check random key (1 / 2 threads)",
             "idle CPU s per s",
         ],
     );
@@ -1425,16 +1468,16 @@ fn memory(rt: &Runtime, set: &Settings) {
         let after = rss_bytes();
         #[allow(clippy::cast_precision_loss)]
         let bytes = (after.saturating_sub(before)) as f64 / set.keys as f64;
-        let (hot, random) = keyed_checks(|k| limiter.try_acquire(&k).is_ok(), set.keys, set);
+        let times = keyed_checks(|k| limiter.try_acquire(&k).is_ok(), set.keys, set);
         t.row(vec![
             format!("KeyedFunnel, {} keys", set.keys),
             format!("{bytes:.1}"),
-            format!("{hot:.1}"),
-            format!("{random:.1}"),
+            format!("{:.1} / {:.1}", times.hot, times.hot2),
+            format!("{:.1} / {:.1}", times.random, times.random2),
             "—".into(),
         ]);
         drop(limiter);
-        (bytes, hot, random)
+        (bytes, times)
     };
     // governor keyed: 1 M distinct u64 keys.
     let theirs = {
@@ -1451,16 +1494,68 @@ fn memory(rt: &Runtime, set: &Settings) {
         let after = rss_bytes();
         #[allow(clippy::cast_precision_loss)]
         let bytes = (after.saturating_sub(before)) as f64 / set.keys as f64;
-        let (hot, random) = keyed_checks(|k| limiter.check_key(&k).is_ok(), set.keys, set);
+        let times = keyed_checks(|k| limiter.check_key(&k).is_ok(), set.keys, set);
         t.row(vec![
             format!("governor keyed (dashmap), {} keys", set.keys),
             format!("{bytes:.1}"),
-            format!("{hot:.1}"),
-            format!("{random:.1}"),
+            format!("{:.1} / {:.1}", times.hot, times.hot2),
+            format!("{:.1} / {:.1}", times.random, times.random2),
             "—".into(),
         ]);
         drop(limiter);
-        (bytes, hot, random)
+        (bytes, times)
+    };
+    // A flood of one-shot keys against max_keys, with a legitimate client
+    // using its own key throughout: memory stays bounded, and the client
+    // keeps its exact limit (it never gets more than capacity + rate × T).
+    let flood_note = {
+        let flood = set.keys * 10;
+        let max_keys = usize::try_from(set.keys / 10).unwrap_or(usize::MAX);
+        let rate = Rate::per_second(10);
+        trim_heap();
+        let before = rss_bytes();
+        let limiter: KeyedFunnel<u64> = KeyedFunnel::builder()
+            .rate(rate)
+            .capacity(3)
+            .max_keys(max_keys)
+            .build()
+            .unwrap();
+        let legit = u64::MAX;
+        let start = Instant::now();
+        let (mut admitted, mut legit_granted) = (0u64, 0u64);
+        for k in 0..flood {
+            admitted += u64::from(limiter.try_acquire(&k).is_ok());
+            if k % 1000 == 0 {
+                legit_granted += u64::from(limiter.try_acquire(&legit).is_ok());
+            }
+        }
+        let elapsed = start.elapsed().as_secs_f64();
+        let peak = rss_bytes();
+        let stats = limiter.stats();
+        // The client asks every 1000 flood keys, far more often than its
+        // 10/s: it should get its whole allowance, and never more.
+        #[allow(clippy::cast_precision_loss)]
+        let allowance = 3.0 + 10.0 * elapsed;
+        drop(limiter);
+        #[allow(clippy::cast_precision_loss)]
+        let mb = peak.saturating_sub(before) as f64 / 1e6;
+        t.row(vec![
+            format!("KeyedFunnel flood: {flood} one-shot keys, max_keys {max_keys}"),
+            format!("{mb:.1} MB in all"),
+            "—".into(),
+            "—".into(),
+            "—".into(),
+        ]);
+        #[allow(clippy::cast_precision_loss)]
+        let ok =
+            (legit_granted as f64) <= allowance + 1e-9 && (legit_granted as f64) >= allowance - 2.0;
+        format!(
+            "- flood: {admitted} flood keys admitted, {} refused, {} keys held at the end (≤ {max_keys}); \
+             the legitimate key got {legit_granted} of its allowance 3 + 10/s × {elapsed:.2} s = {allowance:.1}: {}",
+            stats.refused,
+            stats.keys,
+            if ok { "exact" } else { "MISSED" }
+        )
     };
     let keyed_notes = [
         ratio_line(
@@ -1471,13 +1566,25 @@ fn memory(rt: &Runtime, set: &Settings) {
         ),
         ratio_line(
             "KeyedFunnel hot key / governor keyed",
-            ours.1 / theirs.1,
+            ours.1.hot / theirs.1.hot,
             "≤",
             1.0,
         ),
         ratio_line(
             "KeyedFunnel random key / governor keyed",
-            ours.2 / theirs.2,
+            ours.1.random / theirs.1.random,
+            "≤",
+            1.0,
+        ),
+        ratio_line(
+            "KeyedFunnel hot key, 2 threads / governor keyed",
+            ours.1.hot2 / theirs.1.hot2,
+            "≤",
+            1.0,
+        ),
+        ratio_line(
+            "KeyedFunnel random key, 2 threads / governor keyed",
+            ours.1.random2 / theirs.1.random2,
             "≤",
             1.0,
         ),
@@ -1551,6 +1658,7 @@ fn memory(rt: &Runtime, set: &Settings) {
     for note in keyed_notes {
         t.note(note);
     }
+    t.note(flood_note);
     t.note(ratio_line(
         "idle TokenBuckets, CPU s per s (an idle limiter costs no CPU)",
         token_cpu,
