@@ -152,7 +152,6 @@ where
 
     /// Runs `f` on the value of an existing key, under the shard's read
     /// lock.
-    #[cfg(test)]
     pub(crate) fn get<Q, R>(&self, key: &Q, f: impl FnOnce(&V) -> R) -> Option<R>
     where
         K: Borrow<Q>,

@@ -40,6 +40,7 @@ mod funnel;
 mod generic;
 mod map;
 
+use std::hash::{BuildHasher, Hash};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -50,7 +51,75 @@ pub use funnel::{Builder as KeyedFunnelBuilder, KeyedFunnel};
 pub use generic::{Builder as KeyedBuilder, Keyed};
 pub use map::KeyedStats;
 
-use crate::clock;
+use crate::{Limiter, TryAcquireError, clock};
+
+/// What [`KeyedFunnel`] and [`Keyed`] have in common: a limit per key,
+/// asked without waiting. Code that should work with either — like the
+/// `tower` feature's `KeyedRateLimitLayer` — is generic over this trait.
+///
+/// # Examples
+///
+/// ```
+/// use tokio_ratelimit::{Rate, TryAcquireError, keyed::{KeyedFunnel, KeyedLimiter}};
+///
+/// fn admit<L: KeyedLimiter<Key = String>>(limiter: &L, user: &str) -> bool {
+///     limiter.try_acquire(&user.to_owned()).is_ok()
+/// }
+///
+/// let per_user: KeyedFunnel<String> =
+///     KeyedFunnel::builder().rate(Rate::per_second(1)).capacity(1).build().unwrap();
+/// assert!(admit(&per_user, "ann"));
+/// assert!(!admit(&per_user, "ann"));
+/// assert!(admit(&per_user, "bob"));
+/// ```
+pub trait KeyedLimiter: Send + Sync {
+    /// The key type.
+    type Key;
+
+    /// Takes one permit from `key`'s limit if available now.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_acquire_many`](Self::try_acquire_many).
+    fn try_acquire(&self, key: &Self::Key) -> Result<(), TryAcquireError> {
+        self.try_acquire_many(key, 1)
+    }
+
+    /// Takes `n` permits from `key`'s limit if available now.
+    ///
+    /// # Errors
+    ///
+    /// [`TryAcquireError::Limited`] with the time until they could be
+    /// granted; [`TryAcquireError::InsufficientCapacity`] when `n` exceeds
+    /// the capacity; [`TryAcquireError::Closed`] when the key's limiter
+    /// cannot be had.
+    fn try_acquire_many(&self, key: &Self::Key, n: u32) -> Result<(), TryAcquireError>;
+}
+
+impl<K, S> KeyedLimiter for KeyedFunnel<K, S>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    S: BuildHasher + Send + Sync + 'static,
+{
+    type Key = K;
+
+    fn try_acquire_many(&self, key: &K, n: u32) -> Result<(), TryAcquireError> {
+        KeyedFunnel::try_acquire_many(self, key, n)
+    }
+}
+
+impl<K, L, S> KeyedLimiter for Keyed<K, L, S>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    L: Limiter + Clone + 'static,
+    S: BuildHasher + Send + Sync + 'static,
+{
+    type Key = K;
+
+    fn try_acquire_many(&self, key: &K, n: u32) -> Result<(), TryAcquireError> {
+        Keyed::try_acquire_many(self, key, n)
+    }
+}
 
 /// A map the sweeper can sweep.
 pub(crate) trait Sweep: Send + Sync + 'static {
