@@ -186,6 +186,50 @@ impl fmt::Display for TryAcquireError {
 
 impl std::error::Error for TryAcquireError {}
 
+/// A request refused by a per-key limit, from
+/// [`KeyedRateLimitLayer`](crate::tower::KeyedRateLimitLayer): the service's
+/// error, boxed into tower's `BoxError`; `downcast_ref::<RateLimited<K>>()`
+/// gets it back (with the layer's key type `K`).
+///
+/// In an HTTP service this becomes `429 Too Many Requests` with a
+/// `Retry-After` header (see `examples/axum_service.rs`).
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use tokio_ratelimit::tower::{BoxError, RateLimited};
+///
+/// fn status(error: &BoxError) -> (u16, Option<Duration>) {
+///     match error.downcast_ref::<RateLimited<String>>() {
+///         Some(limited) => (429, Some(limited.retry_after)),
+///         None => (500, None),
+///     }
+/// }
+/// # let _ = status;
+/// ```
+#[cfg(feature = "tower")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RateLimited<K> {
+    /// How long until the same request could succeed (exact, to the
+    /// nanosecond, if nothing else is granted to the key in between).
+    pub retry_after: Duration,
+    /// The key the request was counted against.
+    pub key: K,
+}
+
+#[cfg(feature = "tower")]
+impl<K> fmt::Display for RateLimited<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "rate limited, retry after {:?}", self.retry_after)
+    }
+}
+
+#[cfg(feature = "tower")]
+impl<K: fmt::Debug> std::error::Error for RateLimited<K> {}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -142,6 +142,9 @@ mod stats;
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod test_util;
 pub mod token;
+#[cfg(feature = "tower")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
+pub mod tower;
 
 pub use error::{AcquireError, ConfigError, TryAcquireError};
 pub use funnel::Funnel;
