@@ -230,6 +230,44 @@ impl<K> fmt::Display for RateLimited<K> {
 #[cfg(feature = "tower")]
 impl<K: fmt::Debug> std::error::Error for RateLimited<K> {}
 
+/// An item of a [weighted rate-limited stream](crate::stream::RateLimitStreamExt::rate_limited_by)
+/// whose permits the limiter refused, handed back with the reason.
+///
+/// # Examples
+///
+/// ```
+/// use futures::{StreamExt, stream};
+/// use tokio_ratelimit::{AcquireError, Rate, TokenBucket, stream::RateLimitStreamExt};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let bucket = TokenBucket::builder().rate(Rate::per_second(100)).capacity(10).build().unwrap();
+/// let chunks = stream::iter([vec![0u8; 4], vec![0u8; 40]]);
+/// let mut paced = chunks.rate_limited_by(bucket, |chunk| chunk.len() as u32);
+/// assert_eq!(paced.next().await.unwrap().unwrap().len(), 4);
+/// let refused = paced.next().await.unwrap().unwrap_err();
+/// assert_eq!(refused.error, AcquireError::InsufficientCapacity); // 40 > capacity
+/// assert_eq!(refused.item.len(), 40); // nothing is lost
+/// # }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Refused<T> {
+    /// Why the permits were refused.
+    pub error: AcquireError,
+    /// The item they were for.
+    pub item: T,
+}
+
+impl<T> fmt::Display for Refused<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.error, f)
+    }
+}
+
+// Transparent: it reports its error's message (and so has no `source`).
+impl<T: fmt::Debug> std::error::Error for Refused<T> {}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -138,6 +138,7 @@ mod rate;
 mod reservation;
 pub mod smooth;
 mod stats;
+pub mod stream;
 #[cfg(feature = "test-util")]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod test_util;
@@ -146,7 +147,7 @@ pub mod token;
 #[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 pub mod tower;
 
-pub use error::{AcquireError, ConfigError, TryAcquireError};
+pub use error::{AcquireError, ConfigError, Refused, TryAcquireError};
 pub use funnel::Funnel;
 pub use leaky::LeakyBucket;
 pub use limiter::Limiter;
