@@ -3,8 +3,6 @@
 //! between `poll_ready` and `call` gives back, limiter errors; and
 //! `KeyedRateLimit`'s refusals (exact `retry_after`, keys independent).
 
-#![cfg(feature = "tower")]
-
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
