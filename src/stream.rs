@@ -1,5 +1,5 @@
 //! Rate-limited streams: [`RateLimitStreamExt`] paces any
-//! [`Stream`](futures::Stream) by a [`Limiter`].
+//! [`Stream`] by a [`Limiter`].
 //!
 //! * [`rate_limited`](RateLimitStreamExt::rate_limited) — one permit per
 //!   item. It takes the permit *before* it pulls the next item: the stream

@@ -6,7 +6,7 @@
 //! * [`KeyedFunnel`] — the lazy meter for millions of keys: one small word
 //!   of state per key in a sharded concurrent map, no task and no timer per
 //!   key, the same numbers as [`Funnel`](crate::Funnel).
-//! * [`Keyed`] — any [`Limiter`](crate::Limiter) per key, built on first use
+//! * [`Keyed`] — any [`Limiter`] per key, built on first use
 //!   from a factory: a [`TokenBucket`](crate::TokenBucket) per downstream
 //!   host or tenant, with FIFO waiting per key. Each key's actor parks when
 //!   idle; meant for thousands of keys.
@@ -21,6 +21,13 @@
 //! keys). The next use of the key builds it anew, exactly as it would have
 //! been — so memory follows the number of *active* keys and nobody has to
 //! schedule a cleanup.
+//!
+//! One thing to know in tests: while the map holds keys, the sweeper keeps a
+//! timer armed, so on a paused clock tokio jumps ahead by the sweep interval
+//! whenever the runtime has nothing else to do — including while it waits on
+//! a socket. A test that serves real connections on a paused clock should
+//! build the map outside the runtime (there is then no sweeper; see
+//! `tests/axum_service.rs`).
 //!
 //! `max_keys(n)` caps the map. When every slot holds an active key, a new
 //! key is refused with `TryAcquireError::Limited` (fail closed, `acquire`
