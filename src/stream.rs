@@ -35,7 +35,9 @@
 //!
 //! Dropping either stream while it waits gives back what it had reserved,
 //! at once: nothing is spent for an item that is not yielded. (An item
-//! `rate_limited_by` had already pulled is dropped with it.)
+//! `rate_limited_by` had already pulled is dropped with it. A [`Limiter`]
+//! of your own that keeps the trait's default `reserve` cannot give a
+//! permit back: `rate_limited` then spends it when it is reserved.)
 
 use std::fmt;
 use std::future::Future;

@@ -50,7 +50,9 @@ type Reserving = Pin<Box<dyn Future<Output = Result<Reservation, AcquireError>> 
 ///
 /// A service dropped after `poll_ready` and before `call` gives its permit
 /// back; one dropped while `poll_ready` waits gives back its place in the
-/// queue. No permit is lost to readiness that is never used.
+/// queue. No permit is lost to readiness that is never used. (This holds
+/// for every limiter of this crate; a [`Limiter`] of your own that keeps
+/// the trait's default `reserve` spends the permit in `poll_ready`.)
 ///
 /// # Examples
 ///
