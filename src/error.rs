@@ -186,6 +186,88 @@ impl fmt::Display for TryAcquireError {
 
 impl std::error::Error for TryAcquireError {}
 
+/// A request refused by a per-key limit, from
+/// [`KeyedRateLimitLayer`](crate::tower::KeyedRateLimitLayer): the service's
+/// error, boxed into tower's `BoxError`; `downcast_ref::<RateLimited<K>>()`
+/// gets it back (with the layer's key type `K`).
+///
+/// In an HTTP service this becomes `429 Too Many Requests` with a
+/// `Retry-After` header (see `examples/axum_service.rs`).
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use tokio_ratelimit::tower::{BoxError, RateLimited};
+///
+/// fn status(error: &BoxError) -> (u16, Option<Duration>) {
+///     match error.downcast_ref::<RateLimited<String>>() {
+///         Some(limited) => (429, Some(limited.retry_after)),
+///         None => (500, None),
+///     }
+/// }
+/// # let _ = status;
+/// ```
+#[cfg(feature = "tower")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RateLimited<K> {
+    /// How long until the same request could succeed (exact, to the
+    /// nanosecond, if nothing else is granted to the key in between).
+    pub retry_after: Duration,
+    /// The key the request was counted against.
+    pub key: K,
+}
+
+#[cfg(feature = "tower")]
+impl<K> fmt::Display for RateLimited<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "rate limited, retry after {:?}", self.retry_after)
+    }
+}
+
+#[cfg(feature = "tower")]
+impl<K: fmt::Debug> std::error::Error for RateLimited<K> {}
+
+/// An item of a [weighted rate-limited stream](crate::stream::RateLimitStreamExt::rate_limited_by)
+/// whose permits the limiter refused, handed back with the reason.
+///
+/// # Examples
+///
+/// ```
+/// use futures::{StreamExt, stream};
+/// use tokio_ratelimit::{AcquireError, Rate, TokenBucket, stream::RateLimitStreamExt};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let bucket = TokenBucket::builder().rate(Rate::per_second(100)).capacity(10).build().unwrap();
+/// let chunks = stream::iter([vec![0u8; 4], vec![0u8; 40]]);
+/// let mut paced = chunks.rate_limited_by(bucket, |chunk| chunk.len() as u32);
+/// assert_eq!(paced.next().await.unwrap().unwrap().len(), 4);
+/// let refused = paced.next().await.unwrap().unwrap_err();
+/// assert_eq!(refused.error, AcquireError::InsufficientCapacity); // 40 > capacity
+/// assert_eq!(refused.item.len(), 40); // nothing is lost
+/// # }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Refused<T> {
+    /// Why the permits were refused.
+    pub error: AcquireError,
+    /// The item they were for.
+    pub item: T,
+}
+
+impl<T> fmt::Display for Refused<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.error, f)
+    }
+}
+
+// Transparent: it reports its error's message (and so has no `source`).
+impl<T: fmt::Debug> std::error::Error for Refused<T> {}
+
 #[cfg(test)]
 mod tests {
     use super::*;

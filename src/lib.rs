@@ -111,20 +111,73 @@
 //! with `tokio::time::advance`. The `test-util` feature adds
 //! [`test_util`]: a grant log with window assertions.
 //!
+//! # In a service
+//!
+//! * [`tower`] (feature `tower`): `RateLimitLayer` puts any limiter in
+//!   front of a service, with backpressure through `poll_ready`, one budget
+//!   for every clone of the service, and no permit lost to a service dropped
+//!   before `call`; `KeyedRateLimitLayer` limits per key (client, address)
+//!   and refuses at once with `RateLimited { key, retry_after }`.
+//!   `examples/axum_service.rs` is an HTTP service built on both, with
+//!   `429`, `Retry-After` and `RateLimit-*` headers.
+//! * [`stream`]: `stream.rate_limited(limiter)` and
+//!   `stream.rate_limited_by(limiter, |item| weight)` pace any `Stream`.
+//!
+//! # Observing limiters
+//!
+//! Every limiter has `stats()` (also through [`Limiter::stats`]): a
+//! [`Stats`] snapshot of the permits `granted` and requests `refused` so
+//! far, the callers `waiting` now, and the permits `available` now (`None`
+//! for the smooth limiters, which have no such number). The keyed maps
+//! report [`keyed::KeyedStats`]: keys held, keys evicted, new keys refused
+//! by `max_keys`, and permits granted and requests limited over all keys.
+//! The counters are relaxed atomics striped over cache lines: cheap to bump,
+//! and cheap to read for a metrics exporter.
+//!
+//! ```
+//! use tokio_ratelimit::{Rate, TokenBucket};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() {
+//! let bucket = TokenBucket::builder().rate(Rate::per_second(10)).capacity(2).build().unwrap();
+//! bucket.acquire_many(2).await.unwrap();
+//! assert!(bucket.try_acquire().is_err());
+//! let stats = bucket.stats();
+//! assert_eq!((stats.granted, stats.refused, stats.waiting, stats.available), (2, 1, 0, Some(0)));
+//! # }
+//! ```
+//!
+//! The crate also emits [`tracing`](https://docs.rs/tracing) spans and
+//! events, under the target `tokio_ratelimit` (and its modules). Each
+//! actor runs in a `debug` span named `actor` (fields `limiter`, `rate`,
+//! `capacity`) for its lifetime, and each keyed map's sweeper in a `debug`
+//! span named `sweeper` (fields `map`, `interval`). Decisions are `trace`
+//! events with a `limiter` field: `granted`, `limited` (with
+//! `retry_after`), `queued`, `reserved`, `granted after waiting`,
+//! `reservation committed`, `cancelled, …`; the sweeper's `swept` (keys left).
+//! Rarer things are `debug` events: overflow, close, rate changes, an actor
+//! or sweeper starting and stopping, a new key refused by `max_keys`, a
+//! `tower` layer refusing a request (`trace` for the keyed layer's
+//! refusals, with the key). With no subscriber interested, nothing is
+//! formatted. To see them, install a subscriber, e.g. `tracing-subscriber`
+//! with `RUST_LOG=tokio_ratelimit=trace` (`examples/observe.rs`):
+//!
+//! ```no_run
+//! use tracing_subscriber::EnvFilter;
+//!
+//! let filter = EnvFilter::try_from_default_env()
+//!     .unwrap_or_else(|_| EnvFilter::new("tokio_ratelimit=trace"));
+//! tracing_subscriber::fmt().with_env_filter(filter).init();
+//! ```
+//!
 //! # Features
 //!
+//! * `tower` — the [`tower`] middleware (`tower-service`, `tower-layer`).
 //! * `test-util` — helpers for paused-clock tests of code that uses the
 //!   limiters.
 //! * `redis` — `redis::RedisFunnel`: the funnel per key with its state in
 //!   Redis, one limit shared by many processes (server time, one atomic
 //!   script per decision, fail open or closed).
-//!
-//! # Tracing
-//!
-//! Each actor runs in a `debug` span named `actor` (fields `limiter`,
-//! `rate`, `capacity`) for its lifetime. Grants, refusals and queueing are
-//! `trace` events; overflow, close and rate changes are `debug` events.
-//! With no subscriber interested, nothing is formatted.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -145,12 +198,16 @@ pub mod redis;
 mod reservation;
 pub mod smooth;
 mod stats;
+pub mod stream;
 #[cfg(feature = "test-util")]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod test_util;
 pub mod token;
+#[cfg(feature = "tower")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
+pub mod tower;
 
-pub use error::{AcquireError, ConfigError, TryAcquireError};
+pub use error::{AcquireError, ConfigError, Refused, TryAcquireError};
 pub use funnel::Funnel;
 pub use leaky::LeakyBucket;
 pub use limiter::Limiter;

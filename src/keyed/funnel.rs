@@ -399,6 +399,22 @@ where
         }
     }
 
+    /// `key`'s `tat` now (`now` itself for a key not held: an empty
+    /// funnel), and `now`.
+    fn tat<Q>(&self, key: &Q) -> (u128, u128)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let now = self.now();
+        let params = &self.params;
+        let tat = match &self.words {
+            Words::Narrow(map) => map.get(key, |w| w.read(params, now).1),
+            Words::Wide(map) => map.get(key, |w| w.read(params, now).1),
+        };
+        (tat.unwrap_or(now), now)
+    }
+
     fn wake_sweeper(&self) {
         if let Some(notify) = &self.sweeper {
             notify.notify_one();
@@ -538,6 +554,59 @@ where
                 Err(_) => return Err(AcquireError::Closed),
             }
         }
+    }
+
+    /// Whole units that `key`'s funnel could take now: the capacity for a
+    /// key that is not held (or has drained). Reads the key without adding
+    /// it.
+    ///
+    /// This and [`empty_in`](Self::empty_in) are what HTTP rate-limit
+    /// headers report (`RateLimit-Remaining`, `RateLimit-Reset`); see
+    /// `examples/axum_service.rs`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokio_ratelimit::{Rate, keyed::KeyedFunnel};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let per_user: KeyedFunnel<u64> =
+    ///     KeyedFunnel::builder().rate(Rate::per_second(2)).capacity(3).build().unwrap();
+    /// assert_eq!(per_user.free(&7), 3);
+    /// per_user.try_acquire_many(&7, 2).unwrap();
+    /// assert_eq!(per_user.free(&7), 1);
+    /// assert_eq!(per_user.empty_in(&7), Duration::from_secs(1)); // 2 units at 2/s
+    /// tokio::time::advance(Duration::from_millis(750)).await;
+    /// assert_eq!(per_user.free(&7), 2); // 1.5 units drained
+    /// assert_eq!(per_user.empty_in(&7), Duration::from_millis(250));
+    /// assert_eq!(per_user.free(&8), 3); // another key: untouched
+    /// # }
+    /// ```
+    pub fn free<Q>(&self, key: &Q) -> u32
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let (tat, now) = self.inner.tat(key);
+        self.inner.params.available(tat, now)
+    }
+
+    /// How long until `key`'s funnel is empty (its whole capacity free
+    /// again) if nothing more is poured, rounded up to a nanosecond; zero
+    /// for a key that is not held. Reads the key without adding it.
+    ///
+    /// # Examples
+    ///
+    /// See [`free`](Self::free).
+    pub fn empty_in<Q>(&self, key: &Q) -> Duration
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let (tat, now) = self.inner.tat(key);
+        self.inner.params.duration_ceil(tat - now)
     }
 
     /// Keys held now (including drained ones not swept yet).

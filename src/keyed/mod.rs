@@ -6,7 +6,7 @@
 //! * [`KeyedFunnel`] — the lazy meter for millions of keys: one small word
 //!   of state per key in a sharded concurrent map, no task and no timer per
 //!   key, the same numbers as [`Funnel`](crate::Funnel).
-//! * [`Keyed`] — any [`Limiter`](crate::Limiter) per key, built on first use
+//! * [`Keyed`] — any [`Limiter`] per key, built on first use
 //!   from a factory: a [`TokenBucket`](crate::TokenBucket) per downstream
 //!   host or tenant, with FIFO waiting per key. Each key's actor parks when
 //!   idle; meant for thousands of keys.
@@ -21,6 +21,13 @@
 //! keys). The next use of the key builds it anew, exactly as it would have
 //! been — so memory follows the number of *active* keys and nobody has to
 //! schedule a cleanup.
+//!
+//! One thing to know in tests: while the map holds keys, the sweeper keeps a
+//! timer armed, so on a paused clock tokio jumps ahead by the sweep interval
+//! whenever the runtime has nothing else to do — including while it waits on
+//! a socket. A test that serves real connections on a paused clock should
+//! build the map outside the runtime (there is then no sweeper; see
+//! `tests/axum_service.rs`).
 //!
 //! `max_keys(n)` caps the map. When every slot holds an active key, a new
 //! key is refused with `TryAcquireError::Limited` (fail closed, `acquire`
@@ -40,6 +47,7 @@ mod funnel;
 mod generic;
 mod map;
 
+use std::hash::{BuildHasher, Hash};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -50,7 +58,75 @@ pub use funnel::{Builder as KeyedFunnelBuilder, KeyedFunnel};
 pub use generic::{Builder as KeyedBuilder, Keyed};
 pub use map::KeyedStats;
 
-use crate::clock;
+use crate::{Limiter, TryAcquireError, clock};
+
+/// What [`KeyedFunnel`] and [`Keyed`] have in common: a limit per key,
+/// asked without waiting. Code that should work with either — like the
+/// `tower` feature's `KeyedRateLimitLayer` — is generic over this trait.
+///
+/// # Examples
+///
+/// ```
+/// use tokio_ratelimit::{Rate, TryAcquireError, keyed::{KeyedFunnel, KeyedLimiter}};
+///
+/// fn admit<L: KeyedLimiter<Key = String>>(limiter: &L, user: &str) -> bool {
+///     limiter.try_acquire(&user.to_owned()).is_ok()
+/// }
+///
+/// let per_user: KeyedFunnel<String> =
+///     KeyedFunnel::builder().rate(Rate::per_second(1)).capacity(1).build().unwrap();
+/// assert!(admit(&per_user, "ann"));
+/// assert!(!admit(&per_user, "ann"));
+/// assert!(admit(&per_user, "bob"));
+/// ```
+pub trait KeyedLimiter: Send + Sync {
+    /// The key type.
+    type Key;
+
+    /// Takes one permit from `key`'s limit if available now.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_acquire_many`](Self::try_acquire_many).
+    fn try_acquire(&self, key: &Self::Key) -> Result<(), TryAcquireError> {
+        self.try_acquire_many(key, 1)
+    }
+
+    /// Takes `n` permits from `key`'s limit if available now.
+    ///
+    /// # Errors
+    ///
+    /// [`TryAcquireError::Limited`] with the time until they could be
+    /// granted; [`TryAcquireError::InsufficientCapacity`] when `n` exceeds
+    /// the capacity; [`TryAcquireError::Closed`] when the key's limiter
+    /// cannot be had.
+    fn try_acquire_many(&self, key: &Self::Key, n: u32) -> Result<(), TryAcquireError>;
+}
+
+impl<K, S> KeyedLimiter for KeyedFunnel<K, S>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    S: BuildHasher + Send + Sync + 'static,
+{
+    type Key = K;
+
+    fn try_acquire_many(&self, key: &K, n: u32) -> Result<(), TryAcquireError> {
+        KeyedFunnel::try_acquire_many(self, key, n)
+    }
+}
+
+impl<K, L, S> KeyedLimiter for Keyed<K, L, S>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    L: Limiter + Clone + 'static,
+    S: BuildHasher + Send + Sync + 'static,
+{
+    type Key = K;
+
+    fn try_acquire_many(&self, key: &K, n: u32) -> Result<(), TryAcquireError> {
+        Keyed::try_acquire_many(self, key, n)
+    }
+}
 
 /// A map the sweeper can sweep.
 pub(crate) trait Sweep: Send + Sync + 'static {
