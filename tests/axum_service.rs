@@ -14,9 +14,10 @@
 //! "honour `Retry-After`" is: advance the server's clock by it, retry.
 //!
 //! For that, nothing on the server may arm a timer while it waits for the
-//! client: the per-client `KeyedFunnel` is built outside any runtime, so it
-//! spawns no sweeper (the sweeper's periodic timer would let the paused
-//! clock jump ahead whenever the server is idle).
+//! client: the per-client `KeyedFunnel` is built with
+//! `background_sweep(false)`, so it spawns no sweeper (the sweeper's
+//! periodic timer would let the paused clock jump ahead whenever the server
+//! is idle).
 
 #[path = "../examples/axum_service.rs"]
 #[allow(dead_code)] // `main` is for the example only
@@ -62,18 +63,19 @@ impl Server {
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let (control, mut commands) = mpsc::unbounded_channel();
         let thread = std::thread::spawn(move || {
-            // Outside any runtime: no sweeper task, no timer (see above).
-            let per_client = KeyedFunnel::builder()
-                .rate(config.per_client_rate)
-                .capacity(config.per_client_burst)
-                .build()
-                .unwrap();
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .start_paused(true)
                 .build()
                 .unwrap();
             runtime.block_on(async move {
+                // No sweeper task, no timer (see above).
+                let per_client = KeyedFunnel::builder()
+                    .rate(config.per_client_rate)
+                    .capacity(config.per_client_burst)
+                    .background_sweep(false)
+                    .build()
+                    .unwrap();
                 let expensive = TokenBucket::builder()
                     .rate(config.expensive_rate)
                     .capacity(config.expensive_burst)

@@ -544,3 +544,45 @@ async fn keyed_stats_count_grants_limits_and_keys() {
     let s = per_host.stats();
     assert_eq!((s.keys, s.granted, s.limited), (1, 1, 1));
 }
+
+#[tokio::test(start_paused = true)]
+async fn without_the_background_sweeper_no_timer_is_armed() {
+    let map: KeyedFunnel<u64> = KeyedFunnel::builder()
+        .rate(Rate::per_second(10))
+        .capacity(1)
+        .background_sweep(false)
+        .build()
+        .unwrap();
+    map.try_acquire(&1).unwrap();
+    // With no timer pending, an idle runtime's paused clock stays put.
+    let start = Instant::now();
+    tokio::task::yield_now().await;
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    let runtime = tokio::runtime::Handle::current();
+    assert_eq!(runtime.metrics().num_alive_tasks(), 0);
+    // Drained keys still go, on demand.
+    time::advance(ms(100)).await;
+    assert_eq!(map.sweep(), 0);
+    // Keyed builds its limiters in the runtime all the same.
+    let per_host: Keyed<u8, TokenBucket> = Keyed::builder()
+        .limiter(|| {
+            TokenBucket::builder()
+                .rate(Rate::per_second(10))
+                .capacity(1)
+                .build()
+        })
+        .background_sweep(false)
+        .build()
+        .unwrap();
+    per_host.acquire(&1).await.unwrap();
+    // (The bucket built at `build` to check the factory ends on its next
+    // poll.)
+    for _ in 0..5 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(
+        runtime.metrics().num_alive_tasks(),
+        1,
+        "the bucket's actor only"
+    );
+}

@@ -110,6 +110,7 @@ pub struct Builder<K, S = RandomState> {
     capacity: Option<u32>,
     max_keys: usize,
     sweep_interval: Duration,
+    background_sweep: bool,
     hasher: S,
     keys: std::marker::PhantomData<fn() -> K>,
 }
@@ -121,6 +122,7 @@ impl<K, S: fmt::Debug> fmt::Debug for Builder<K, S> {
             .field("capacity", &self.capacity)
             .field("max_keys", &self.max_keys)
             .field("sweep_interval", &self.sweep_interval)
+            .field("background_sweep", &self.background_sweep)
             .field("hasher", &self.hasher)
             .finish()
     }
@@ -133,6 +135,7 @@ impl<K> Default for Builder<K> {
             capacity: None,
             max_keys: usize::MAX,
             sweep_interval: Duration::from_secs(1),
+            background_sweep: true,
             hasher: RandomState::new(),
             keys: std::marker::PhantomData,
         }
@@ -172,6 +175,17 @@ where
         self
     }
 
+    /// Whether to spawn the background sweeper (default: yes, when built
+    /// inside a tokio runtime). Without it drained keys are still dropped when
+    /// a shard would otherwise grow, and by [`sweep`](KeyedFunnel::sweep); the map then
+    /// never arms a timer — which a server tested on tokio's paused clock
+    /// needs, since a pending timer lets the clock jump ahead while the
+    /// server waits on its sockets.
+    pub fn background_sweep(&mut self, enabled: bool) -> &mut Self {
+        self.background_sweep = enabled;
+        self
+    }
+
     /// Replaces the hasher (by default std's randomly keyed `SipHash`, which
     /// resists hash flooding; a faster one is fine for trusted keys).
     pub fn hasher<S2>(&self, hasher: S2) -> Builder<K, S2> {
@@ -180,6 +194,7 @@ where
             capacity: self.capacity,
             max_keys: self.max_keys,
             sweep_interval: self.sweep_interval,
+            background_sweep: self.background_sweep,
             hasher,
             keys: std::marker::PhantomData,
         }
@@ -217,7 +232,9 @@ where
         } else {
             Words::Wide(ShardMap::new(self.hasher.clone(), self.max_keys, gap))
         };
-        let runtime = tokio::runtime::Handle::try_current().ok();
+        let runtime = tokio::runtime::Handle::try_current()
+            .ok()
+            .filter(|_| self.background_sweep);
         let notify = runtime.as_ref().map(|_| Arc::new(Notify::new()));
         let inner = Arc::new(Inner {
             params,

@@ -80,6 +80,7 @@ pub struct Builder<K, L, S = RandomState> {
     factory: Option<Arc<Factory<L>>>,
     max_keys: usize,
     sweep_interval: Duration,
+    background_sweep: bool,
     hasher: S,
     keys: std::marker::PhantomData<fn() -> K>,
 }
@@ -90,6 +91,7 @@ impl<K, L, S: fmt::Debug> fmt::Debug for Builder<K, L, S> {
             .field("limiter", &self.factory.as_ref().map(|_| "…"))
             .field("max_keys", &self.max_keys)
             .field("sweep_interval", &self.sweep_interval)
+            .field("background_sweep", &self.background_sweep)
             .field("hasher", &self.hasher)
             .finish()
     }
@@ -101,6 +103,7 @@ impl<K, L> Default for Builder<K, L> {
             factory: None,
             max_keys: usize::MAX,
             sweep_interval: Duration::from_secs(1),
+            background_sweep: true,
             hasher: RandomState::new(),
             keys: std::marker::PhantomData,
         }
@@ -137,6 +140,17 @@ where
         self
     }
 
+    /// Whether to spawn the background sweeper (default: yes, when built
+    /// inside a tokio runtime). Without it fresh keys are still dropped when
+    /// a shard would otherwise grow, and by [`sweep`](Keyed::sweep); the map then
+    /// never arms a timer — which a server tested on tokio's paused clock
+    /// needs, since a pending timer lets the clock jump ahead while the
+    /// server waits on its sockets.
+    pub fn background_sweep(&mut self, enabled: bool) -> &mut Self {
+        self.background_sweep = enabled;
+        self
+    }
+
     /// Replaces the hasher (by default std's randomly keyed `SipHash`, which
     /// resists hash flooding).
     pub fn hasher<S2>(&self, hasher: S2) -> Builder<K, L, S2> {
@@ -144,6 +158,7 @@ where
             factory: self.factory.clone(),
             max_keys: self.max_keys,
             sweep_interval: self.sweep_interval,
+            background_sweep: self.background_sweep,
             hasher,
             keys: std::marker::PhantomData,
         }
@@ -178,7 +193,10 @@ where
         }
         drop(factory()?);
         let runtime = tokio::runtime::Handle::try_current().ok();
-        let notify = runtime.as_ref().map(|_| Arc::new(Notify::new()));
+        let notify = runtime
+            .as_ref()
+            .filter(|_| self.background_sweep)
+            .map(|_| Arc::new(Notify::new()));
         let inner = Arc::new(Inner {
             map: ShardMap::new(self.hasher.clone(), self.max_keys, self.sweep_interval / 8),
             factory: Box::new(move || factory()),
