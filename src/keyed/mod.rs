@@ -26,7 +26,7 @@
 //! timer armed, so on a paused clock tokio jumps ahead by the sweep interval
 //! whenever the runtime has nothing else to do — including while it waits on
 //! a socket. A test that serves real connections on a paused clock should
-//! build the map outside the runtime (there is then no sweeper; see
+//! build the map with `background_sweep(false)` (no sweeper, no timer; see
 //! `tests/axum_service.rs`).
 //!
 //! `max_keys(n)` caps the map. When every slot holds an active key, a new
