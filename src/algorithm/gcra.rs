@@ -210,6 +210,17 @@ impl Params {
     /// How much of a reservation of `n` units ending at `end` can be given
     /// back at `now`: the part that has not drained yet. Giving back more
     /// would let the freed room be used twice.
+    ///
+    /// Why this never over-admits: let `tat` be the state with the request
+    /// and `tat'` the state had it never come. GCRA's `tat` is the largest,
+    /// over the requests so far, of (arrival + water poured from then on).
+    /// Terms for requests before it lose exactly `n·I`, so are at most
+    /// `tat − n·I`; terms for requests after it arrived at or before `now`
+    /// and carry at most the water behind it, `tat − end`, so are at most
+    /// `now + tat − end`. Hence `tat' ≤ max(tat − n·I, tat − (end − now))
+    /// = tat − refund`: after the refund the state is never below the one
+    /// without the request, and the reservations behind it, shifted by the
+    /// same amount, never start before they would have.
     pub(crate) fn refund(&self, end: u128, n: u32, now: u128) -> u128 {
         self.cost(n).min(end.saturating_sub(now))
     }
