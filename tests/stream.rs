@@ -9,20 +9,11 @@ use std::time::Duration;
 use futures::{Stream, StreamExt, stream};
 use tokio::time::{self, Instant};
 use tokio_ratelimit::stream::RateLimitStreamExt;
-use tokio_ratelimit::{AcquireError, Funnel, LeakyBucket, Limiter, Rate, TokenBucket};
+use tokio_ratelimit::{AcquireError, Funnel, LeakyBucket, Limiter, Rate};
 use tokio_test::{assert_pending, assert_ready, task};
 
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-fn bucket(capacity: u32, every: Duration) -> TokenBucket {
-    TokenBucket::builder()
-        .rate(Rate::every(every))
-        .capacity(capacity)
-        .build()
-        .unwrap()
-}
+mod support;
+use support::{bucket, ms};
 
 /// Drains a stream, noting when each item came (since the call).
 async fn timed<S: Stream + Unpin>(mut stream: S) -> Vec<(S::Item, Duration)> {

@@ -20,18 +20,8 @@ use tokio_test::{assert_pending, assert_ready, assert_ready_ok};
 use tower::{Layer, Service, ServiceExt, service_fn};
 use tower_test::mock;
 
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-/// A token bucket that grants one permit at once, then one every `every`.
-fn bucket(capacity: u32, every: Duration) -> TokenBucket {
-    TokenBucket::builder()
-        .rate(Rate::every(every))
-        .capacity(capacity)
-        .build()
-        .unwrap()
-}
+mod support;
+use support::{bucket, ms};
 
 /// An inner service that counts its calls and echoes the request.
 fn echo(

@@ -37,3 +37,13 @@ pub(crate) async fn join_all<T>(handles: Vec<JoinHandle<T>>) -> Vec<T> {
     }
     out
 }
+
+/// A token bucket of `capacity` that starts full and refills one permit
+/// every `every`.
+pub(crate) fn bucket(capacity: u32, every: Duration) -> tokio_ratelimit::TokenBucket {
+    tokio_ratelimit::TokenBucket::builder()
+        .rate(tokio_ratelimit::Rate::every(every))
+        .capacity(capacity)
+        .build()
+        .unwrap()
+}
