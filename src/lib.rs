@@ -65,10 +65,10 @@
 //!   small ones, and `try_acquire` does not jump the queue.
 //! * **Cancellation loses nothing.** Dropping an `acquire` future before it
 //!   resolves gives back what it reserved, at once; the waiters behind it
-//!   move up. (The smooth limiters follow Guava's pay-later model, where
-//!   later requests are priced on top of earlier ones: a dropped request is
-//!   withdrawn only while nothing was reserved after it; see
-//!   [`SmoothBursty`].)
+//!   move up. (The smooth limiters, where later requests are priced on top
+//!   of earlier ones in Guava's pay-later model, give back the part of the
+//!   dropped request's cost not yet elapsed and keep the stored permits it
+//!   spent spent; see [`SmoothBursty`].)
 //! * **Idle costs nothing.** A limiter nobody waits on has no timer armed.
 //! * **Clean shutdown.** An actor ends when the last handle is dropped;
 //!   `close()` fails all waiters and later calls with `Closed`.

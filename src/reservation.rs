@@ -17,8 +17,10 @@ use crate::smooth::Withdrawal;
 ///
 /// For the bucket limiters a dropped reservation returns exactly its
 /// undrained part and moves every later reservation forward. The smooth
-/// limiters follow Guava's pay-later model: a dropped reservation is
-/// withdrawn only while nothing was reserved after it. A limiter without
+/// limiters give back the part of its cost not yet elapsed and move every
+/// later reservation forward as much (the stored permits it spent stay
+/// spent; withdrawn entirely while nothing was reserved after it). A
+/// limiter without
 /// support (the trait's default) hands out reservations that are already
 /// spent.
 ///
@@ -85,7 +87,7 @@ impl Drop for Reservation {
         match std::mem::replace(&mut self.held, Held::Spent) {
             Held::Spent => {}
             Held::Bucket { engine, id } => engine.cancel(id),
-            Held::Smooth(withdrawal) => drop(withdrawal), // withdraws if it still can
+            Held::Smooth(withdrawal) => drop(withdrawal), // gives back what it can
         }
     }
 }

@@ -16,16 +16,23 @@
 //!   flag (set under the lock), so a `close()` after that check always
 //!   wakes it.
 //! * **Cancellation.** Each state change (reservation, rate change,
-//!   withdrawal) gets a fresh version number; a waiter remembers the state
+//!   give-back) gets a fresh version number; a waiter remembers the state
 //!   before its reservation and the version its reservation produced. If it
 //!   is dropped while the limiter is still at that version — nothing was
 //!   reserved and the rate was not changed after it, or everything after
 //!   it was withdrawn in turn — the old state is put back, exactly as if it
 //!   had never arrived. Otherwise later reservations were priced on top of
 //!   its debt (Guava's pay-later model: each caller's wait is the previous
-//!   callers' cost), and taking it out would mean re-pricing them
-//!   retroactively, which Guava's model cannot express: the reservation
-//!   stands, as in Guava.
+//!   callers' cost), and re-pricing them is beyond Guava's model; instead
+//!   the part of its cost not yet elapsed is given back
+//!   ([`SmoothState`]'s `give_back`): the next free ticket moves back by it
+//!   and every reservation after it moves up by as much, keeping its own
+//!   price. The stored permits it spent stay spent (which only ever slows
+//!   the limiter). So a service whose callers time out keeps its rate: the
+//!   survivors inherit the turns of those who gave up. The live
+//!   reservations (sleeping waiters, held [`Reservation`]s) sit in a queue
+//!   in reservation order with their wakers, so that a give-back can re-arm
+//!   the timers of those after it.
 //! * **Timer ticks.** tokio's timer fires on 1 ms ticks, so a waiter due at
 //!   10 µs wakes at 1 ms. If its caller then asks again at once, Guava's
 //!   model would count the time it overslept as *idle* time: stored permits
@@ -40,17 +47,21 @@
 //!   slack, like every waiter's grant), and it only applies after a late
 //!   wake (never in paused-clock tests whose deadlines fall on ticks).
 
+use std::collections::VecDeque;
 use std::fmt;
+use std::future::{Future, poll_fn};
+use std::pin::Pin;
 use std::pin::pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Poll, Waker};
 use std::time::Duration;
 
-use futures::future::{Either, select};
 use tokio::sync::Notify;
+use tokio::sync::futures::Notified;
 use tokio::time::Instant;
 
-use crate::algorithm::SmoothState;
+use crate::algorithm::{SmoothState, Span};
 use crate::cell::{CREDIT_GRACE, CREDIT_REACH};
 use crate::limiter::impl_limiter;
 use crate::reservation::{Held, Reservation};
@@ -94,12 +105,13 @@ use crate::{AcquireError, ConfigError, TryAcquireError, clock};
 ///   once with [`AcquireError::Timeout`] when the debt is longer than the
 ///   timeout, and otherwise waits it and succeeds.
 /// * **Cancellation.** Guava cannot take back a reservation; this limiter
-///   does when it can do so exactly. A dropped `acquire` whose reservation
-///   is still the latest change to the limiter (nothing reserved and no
-///   `set_rate` after it) is withdrawn entirely, as if it had never
-///   arrived. Otherwise the requests after it were already priced on top of
-///   its debt, and the reservation stands (as in Guava): its cost is paid
-///   by the next caller as if it had been used.
+///   does. A dropped `acquire` whose reservation is still the latest change
+///   to the limiter (nothing reserved and no `set_rate` after it) is
+///   withdrawn entirely, as if it had never arrived. Otherwise the part of
+///   its cost that has not yet elapsed is given back, and every waiter
+///   after it moves up by as much, keeping its own price (the stored
+///   permits it spent stay spent). Callers that time out never slow down
+///   the ones that wait.
 /// * **Close.** [`close`](Self::close) fails sleeping waiters (promptly) and
 ///   later calls with `Closed`.
 ///
@@ -383,8 +395,10 @@ macro_rules! smooth_handle {
             /// (nothing was reserved and the rate was not changed after
             /// it), the reservation is withdrawn and the limiter is exactly
             /// as if the call had never been made. Otherwise the calls after
-            /// it were already priced on top of its debt, and the
-            /// reservation stands, as in Guava: nothing is given back.
+            /// it were already priced on top of its debt: the part of its
+            /// cost not yet elapsed is given back, and every waiter after
+            /// it moves up by as much (the stored permits it spent stay
+            /// spent).
             ///
             /// # Examples
             ///
@@ -565,8 +579,9 @@ macro_rules! smooth_handle {
 
             /// Waits for `n` permits like [`acquire_many`](Self::acquire_many)
             /// and holds them: [`Reservation::commit`] spends them; dropping
-            /// the reservation withdraws it if nothing was reserved after it
-            /// (Guava's model: later requests are priced on top of it).
+            /// the reservation withdraws it entirely if nothing was reserved
+            /// after it, and otherwise gives back the part of its cost not
+            /// yet elapsed, moving the waiters after it up by as much.
             ///
             /// # Errors
             ///
@@ -630,8 +645,6 @@ struct Core {
     closed: AtomicBool,
     /// Wakes sleeping waiters on close.
     closing: Notify,
-    /// Callers sleeping in `acquire` now.
-    waiting: AtomicUsize,
     counters: Counters,
 }
 
@@ -644,6 +657,26 @@ struct Inner {
     /// After a waiter woke late, arrivals before this time (since the
     /// origin) are taken as on time (see the module notes).
     credit_until: Duration,
+    /// The reservations that can still be given back — sleeping waiters and
+    /// held [`Reservation`]s — in reservation order (by version).
+    live: VecDeque<Live>,
+}
+
+/// A reservation that can still be given back.
+struct Live {
+    /// The version its reservation produced: its key, in reservation order.
+    version: u64,
+    /// Where it lies on the time line (moved back when an earlier one is
+    /// given back).
+    span: Span,
+    /// When its caller may go, since the origin (`None`: never).
+    due: Option<Duration>,
+    /// The sleeping waiter's task, woken when `due` moves.
+    waker: Option<Waker>,
+    /// `due` moved since the waiter last looked.
+    moved: bool,
+    /// A waiter sleeps on it (else it is a granted, held reservation).
+    sleeping: bool,
 }
 
 impl Inner {
@@ -666,6 +699,24 @@ impl Inner {
         self.version = self.versions;
         (previous, self.version)
     }
+
+    /// The live reservation made with `version`.
+    fn live(&mut self, version: u64) -> Option<&mut Live> {
+        let i = self.find(version)?;
+        self.live.get_mut(i)
+    }
+
+    fn find(&self, version: u64) -> Option<usize> {
+        self.live
+            .binary_search_by_key(&version, |live| live.version)
+            .ok()
+    }
+
+    /// Forgets the live reservation made with `version` (spent, or closed).
+    fn forget(&mut self, version: u64) -> Option<Live> {
+        let i = self.find(version)?;
+        self.live.remove(i)
+    }
 }
 
 impl Core {
@@ -678,10 +729,10 @@ impl Core {
                 version: 0,
                 versions: 0,
                 credit_until: Duration::ZERO,
+                live: VecDeque::new(),
             }),
             closed: AtomicBool::new(false),
             closing: Notify::new(),
-            waiting: AtomicUsize::new(0),
             counters: Counters::default(),
         }
     }
@@ -702,17 +753,17 @@ impl Core {
     }
 
     async fn acquire(&self, n: u32, timeout: Option<Duration>) -> Result<(), AcquireError> {
-        // A plain acquire spends its claim: the reservation stands.
-        if self.acquire_claim(n, timeout).await?.is_some() {
+        // A plain acquire spends its claim once granted.
+        if self.acquire_claim(n, timeout, false).await?.is_some() {
             self.counters.granted(n);
         }
         Ok(())
     }
 
-    /// Waits for `n` permits and keeps them returnable: the reservation a
-    /// dropped `Reservation` withdraws if nothing was reserved after it.
+    /// Waits for `n` permits and keeps them returnable: a dropped
+    /// `Reservation` gives back the part of its cost not yet elapsed.
     async fn reserve(self: &Arc<Core>, n: u32) -> Result<Reservation, AcquireError> {
-        Ok(match self.acquire_claim(n, None).await? {
+        Ok(match self.acquire_claim(n, None, true).await? {
             Some(claim) => Reservation::new(Held::Smooth(Withdrawal {
                 core: Arc::clone(self),
                 n,
@@ -722,12 +773,14 @@ impl Core {
         })
     }
 
-    /// Reserves `n` permits and waits for them; returns the claim to
-    /// withdraw them (`None` for `n = 0`).
+    /// Reserves `n` permits and waits for them; returns the claim to give
+    /// them back (`None` for `n = 0`). With `hold`, the reservation stays
+    /// live after its turn, until the claim is spent or withdrawn.
     async fn acquire_claim(
         &self,
         n: u32,
         timeout: Option<Duration>,
+        hold: bool,
     ) -> Result<Option<Claim>, AcquireError> {
         if self.is_closed() {
             return Err(AcquireError::Closed);
@@ -738,8 +791,8 @@ impl Core {
         // Created before the closed check under the lock: a `close()` after
         // that check wakes it (`notify_waiters` reaches every `Notified`
         // created before it, polled or not).
-        let mut closing = pin!(self.closing.notified());
-        let (due, mut withdraw) = {
+        let closing = pin!(self.closing.notified());
+        let mut withdraw = {
             let mut inner = self.lock();
             if self.is_closed() {
                 return Err(AcquireError::Closed);
@@ -747,18 +800,18 @@ impl Core {
             let now = self.now();
             let at = inner.arrival(now);
             let before = inner.state.clone();
-            let wait = match timeout {
-                None => inner.state.reserve(at, n),
+            let (wait, span) = match timeout {
+                None => inner.state.reserve_span(at, n),
                 Some(timeout) => {
                     // The timeout counts from `now`, not from `at`.
                     let slack = timeout.saturating_add(now.saturating_sub(at));
-                    let Some(wait) = inner.state.try_reserve(at, n, slack) else {
+                    let Some(reserved) = inner.state.try_reserve_span(at, n, slack) else {
                         drop(inner);
                         self.counters.refused();
                         tracing::trace!(limiter = self.kind, n, ?timeout, "timed out at once");
                         return Err(AcquireError::Timeout);
                     };
-                    wait
+                    reserved
                 }
             };
             let (previous, version) = inner.changed();
@@ -769,42 +822,109 @@ impl Core {
             };
             // `None`: beyond `Duration::MAX`, never due.
             let due = at.checked_add(wait);
-            if due.is_some_and(|due| due <= now) {
+            let ready = due.is_some_and(|due| due <= now);
+            if !ready || hold {
+                inner.live.push_back(Live {
+                    version,
+                    span,
+                    due,
+                    waker: None,
+                    moved: false,
+                    sleeping: !ready,
+                });
+            }
+            if ready {
                 tracing::trace!(limiter = self.kind, n, "granted");
                 return Ok(Some(claim));
             }
             tracing::trace!(limiter = self.kind, n, ?wait, "reserved, waiting");
-            let withdraw = Withdraw {
+            Withdraw {
                 core: self,
                 claim: Some(claim),
-            };
-            (due, withdraw)
+            }
         };
-        let deadline = due.and_then(|due| self.origin.checked_add(due));
-        self.waiting.fetch_add(1, Ordering::Relaxed);
-        let woke = if let Some(deadline) = deadline {
-            let sleep = pin!(clock::sleep_until(deadline));
-            matches!(select(sleep, closing).await, Either::Left(_))
-        } else {
-            closing.as_mut().await;
-            false
-        };
-        self.waiting.fetch_sub(1, Ordering::Relaxed);
+        let version = withdraw.version();
+        let woke = self.sleep(version, closing).await;
         let claim = withdraw.claim.take();
+        let mut inner = self.lock();
+        let due = if woke && hold {
+            inner.live(version).and_then(|live| {
+                live.sleeping = false;
+                live.waker = None;
+                live.due
+            })
+        } else {
+            inner.forget(version).and_then(|live| live.due)
+        };
         if !woke || self.is_closed() {
             return Err(AcquireError::Closed);
         }
         let now = self.now();
         if let Some(due) = due.filter(|&due| now > due) {
             // Late on the timer: see the module notes.
-            let mut inner = self.lock();
             inner.credit_until = inner.credit_until.max(now.saturating_add(CREDIT_GRACE));
             drop(inner);
             tracing::trace!(limiter = self.kind, n, late = ?now.saturating_sub(due), "granted after waiting");
         } else {
+            drop(inner);
             tracing::trace!(limiter = self.kind, n, "granted after waiting");
         }
         Ok(claim)
+    }
+
+    /// Sleeps until the live reservation `version` is due, following its
+    /// turn as earlier reservations are given back. `false` when the
+    /// limiter was closed.
+    async fn sleep(&self, version: u64, mut closing: Pin<&mut Notified<'_>>) -> bool {
+        enum Woke {
+            Due,
+            Moved,
+            Closed,
+        }
+        let mut timer = pin!(clock::sleep_until(self.origin));
+        loop {
+            let due = {
+                let mut inner = self.lock();
+                let Some(live) = inner.live(version) else {
+                    return false; // closed
+                };
+                live.moved = false;
+                live.due
+            };
+            if due.is_some_and(|due| due <= self.now()) {
+                return true;
+            }
+            // `None`: never due; only a close or a move ends the wait.
+            let deadline = due.and_then(|due| self.origin.checked_add(due));
+            if let Some(deadline) = deadline {
+                timer.as_mut().reset(deadline);
+            }
+            let woke = poll_fn(|cx| {
+                if closing.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Woke::Closed);
+                }
+                if deadline.is_some() && timer.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Woke::Due);
+                }
+                let mut inner = self.lock();
+                match inner.live(version) {
+                    None => Poll::Ready(Woke::Closed),
+                    Some(live) if live.moved => Poll::Ready(Woke::Moved),
+                    Some(live) => {
+                        if !live.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                            live.waker = Some(cx.waker().clone());
+                        }
+                        Poll::Pending
+                    }
+                }
+            })
+            .await;
+            match woke {
+                Woke::Due => return true,
+                Woke::Closed => return false,
+                Woke::Moved => {}
+            }
+        }
     }
 
     fn try_acquire(&self, n: u32) -> Result<(), TryAcquireError> {
@@ -852,10 +972,12 @@ impl Core {
 
     fn close(&self) {
         {
-            let _inner = self.lock();
+            let mut inner = self.lock();
             if self.closed.swap(true, Ordering::AcqRel) {
                 return;
             }
+            // Nothing is given back any more.
+            inner.live.clear();
         }
         self.closing.notify_waiters();
         tracing::debug!(limiter = self.kind, "closed");
@@ -892,25 +1014,58 @@ impl Core {
         Stats {
             granted,
             refused,
-            waiting: self.waiting.load(Ordering::Relaxed),
+            waiting: self.lock().live.iter().filter(|live| live.sleeping).count(),
             available: None,
         }
     }
 
+    /// A reservation given up (its waiter dropped, or its `Reservation`
+    /// dropped uncommitted). If it is still the latest change to the
+    /// limiter, the state before it is put back, exactly as if it had never
+    /// arrived. Otherwise the part of its cost not yet elapsed is given back
+    /// (`SmoothState::give_back`) and every reservation after it moves
+    /// forward by as much (see the module notes).
     fn withdraw(&self, claim: Claim) {
-        let mut inner = self.lock();
-        if inner.version == claim.version {
-            inner.state = claim.before;
-            inner.version = claim.previous;
+        let mut wakers = Vec::new();
+        {
+            let mut inner = self.lock();
+            // Gone: the limiter was closed.
+            let Some(live) = inner.forget(claim.version) else {
+                return;
+            };
+            if inner.version == claim.version {
+                inner.state = claim.before;
+                inner.version = claim.previous;
+                drop(inner);
+                tracing::trace!(limiter = self.kind, "cancelled: reservation withdrawn");
+                return;
+            }
+            let now = self.now();
+            let given = inner.state.give_back(now, live.span);
+            // Picoseconds; whole nanoseconds off the waiters' due times
+            // (never earlier than their turn).
+            let shift = Duration::from_nanos(u64::try_from(given / 1000).unwrap_or(u64::MAX));
+            if given > 0 {
+                inner.changed();
+                let after = inner.live.partition_point(|l| l.version < claim.version);
+                for later in inner.live.range_mut(after..) {
+                    later.span = later.span.shift(given);
+                    later.due = later.due.map(|due| due.saturating_sub(shift));
+                    later.moved = true;
+                    wakers.extend(later.waker.take());
+                }
+            }
             drop(inner);
-            tracing::trace!(limiter = self.kind, "cancelled: reservation withdrawn");
-        } else {
-            drop(inner);
-            tracing::trace!(
-                limiter = self.kind,
-                "cancelled: later requests were priced on top of it, the reservation stands"
-            );
+            tracing::trace!(limiter = self.kind, given_back = ?shift, "cancelled: unused cost given back");
         }
+        for waker in wakers {
+            waker.wake();
+        }
+    }
+
+    /// A held reservation spent: it can no longer be given back.
+    fn spend(&self, claim: &Claim) {
+        self.lock().forget(claim.version);
     }
 }
 
@@ -946,6 +1101,12 @@ struct Withdraw<'a> {
     claim: Option<Claim>,
 }
 
+impl Withdraw<'_> {
+    fn version(&self) -> u64 {
+        self.claim.as_ref().map_or(0, |claim| claim.version)
+    }
+}
+
 impl Drop for Withdraw<'_> {
     fn drop(&mut self) {
         if let Some(claim) = self.claim.take() {
@@ -954,8 +1115,8 @@ impl Drop for Withdraw<'_> {
     }
 }
 
-/// A granted reservation held by a [`Reservation`]: withdrawn when dropped
-/// uncommitted, if nothing was reserved after it.
+/// A granted reservation held by a [`Reservation`]: given back when
+/// dropped uncommitted (see [`Core::withdraw`]).
 pub(crate) struct Withdrawal {
     core: Arc<Core>,
     n: u32,
@@ -964,7 +1125,9 @@ pub(crate) struct Withdrawal {
 
 impl Withdrawal {
     pub(crate) fn commit(mut self) {
-        self.claim = None;
+        if let Some(claim) = self.claim.take() {
+            self.core.spend(&claim);
+        }
         self.core.counters.granted(self.n);
     }
 }

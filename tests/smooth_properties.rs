@@ -7,6 +7,11 @@
 //! request — driving `SmoothState` directly with random arrivals and
 //! weights, and the async limiters in paused time.
 //!
+//! Cancellation: a dropped waiter gives back its turn — with pure pacing,
+//! exactly its weight × the interval, and every waiter after it moves up by
+//! that much (checked against a model); with random bursts and warm-ups,
+//! the survivors still keep the window bound and their order.
+//!
 //! The limiters reproduce Guava's arithmetic, which truncates each cost
 //! term to a whole microsecond: a request can cost up to 1 µs less than its
 //! weight / rate per term (at 0.1/s, `1e6 / 0.1` is 9 999 999.999… µs as a
@@ -15,10 +20,14 @@
 
 use std::time::Duration;
 
+use std::sync::Arc;
+use std::task::Poll;
+
 use proptest::prelude::*;
 use tokio::time::Instant;
 use tokio_ratelimit::algorithm::SmoothState;
-use tokio_ratelimit::{Rate, SmoothBursty, SmoothWarmingUp};
+use tokio_ratelimit::{Limiter, Rate, SmoothBursty, SmoothWarmingUp, TryAcquireError};
+use tokio_test::task;
 
 /// The rate as the exact fraction the limiters use: (permits, period in ns).
 fn exact(rate: f64) -> (u128, u128) {
@@ -331,5 +340,212 @@ proptest! {
                 "grant {} at {:?}, want {}/{} ns", k, t, exact_ns, permits
             );
         }
+    }
+}
+
+/// Rates whose interval is a whole number of milliseconds (and of
+/// microseconds: Guava's truncation costs nothing), so that every turn
+/// falls on a timer tick.
+const WHOLE_MS_RATES: [f64; 14] = [
+    1.0, 2.0, 4.0, 5.0, 8.0, 10.0, 20.0, 25.0, 40.0, 50.0, 100.0, 200.0, 500.0, 1000.0,
+];
+
+/// A smooth limiter that paces at `rate` and stores nothing.
+fn pacing(rate: f64, warm_up: bool) -> Arc<dyn Limiter> {
+    if warm_up {
+        Arc::new(
+            SmoothWarmingUp::builder()
+                .permits_per_second(rate)
+                .warmup(Duration::ZERO)
+                .build()
+                .unwrap(),
+        )
+    } else {
+        Arc::new(
+            SmoothBursty::builder()
+                .permits_per_second(rate)
+                .max_burst(Duration::ZERO)
+                .build()
+                .unwrap(),
+        )
+    }
+}
+
+/// Waiter `k` of `weights` asks at 0, in order, and gives up at
+/// `give_up[k]` (ms since the start) if its turn has not come by then
+/// (biased: at its turn it is granted). Returns when each was granted (ms
+/// since the start; `None`: gave up), the instant all were done, and the
+/// limiter's `try_acquire()` then.
+async fn give_up_at(
+    limiter: Arc<dyn Limiter>,
+    weights: &[u32],
+    give_up: &[Option<u64>],
+) -> (Vec<Option<u128>>, u128, Result<(), TryAcquireError>) {
+    let start = Instant::now();
+    let mut granted = vec![None; weights.len()];
+    let mut handles = vec![];
+    for (k, (&n, &at)) in weights.iter().zip(give_up).enumerate() {
+        let l = Arc::clone(&limiter);
+        let mut t = task::spawn(async move {
+            let acquire = l.acquire_many(n);
+            let done = match at {
+                None => Some(acquire.await),
+                Some(at) => tokio::select! {
+                    biased;
+                    r = acquire => Some(r),
+                    () = tokio::time::sleep_until(start + Duration::from_millis(at)) => None,
+                },
+            };
+            done.map(|r| {
+                r.unwrap();
+                start.elapsed().as_millis()
+            })
+        });
+        // The first poll makes the reservation: in order.
+        match t.poll() {
+            Poll::Ready(g) => granted[k] = g,
+            Poll::Pending => handles.push((k, tokio::spawn(t))),
+        }
+    }
+    for (k, h) in handles {
+        granted[k] = h.await.unwrap();
+    }
+    let done = start.elapsed().as_millis();
+    (granted, done, limiter.try_acquire())
+}
+
+/// The model of [`give_up_at`] with pure pacing at `interval_ms`: waiter
+/// `k`'s turn is the previous one's plus its weight × the interval (the
+/// first is free); a waiter that gives up before its turn gives back its
+/// whole cost, and every waiter after it moves up by that much. Returns the
+/// grants and when the debt of the survivors ends.
+fn give_up_model(
+    interval_ms: u128,
+    weights: &[u32],
+    give_up: &[Option<u64>],
+) -> (Vec<Option<u128>>, u128) {
+    let n = weights.len();
+    let cost = |k: usize| u128::from(weights[k]) * interval_ms;
+    let mut turn: Vec<u128> = (0..n).map(|k| (0..k).map(cost).sum()).collect();
+    let mut gone = vec![false; n];
+    let mut events: Vec<(u64, usize)> = give_up
+        .iter()
+        .enumerate()
+        .filter_map(|(k, at)| at.map(|at| (at, k)))
+        .collect();
+    events.sort_unstable();
+    for (at, k) in events {
+        if turn[k] <= u128::from(at) {
+            continue; // granted first
+        }
+        gone[k] = true;
+        for later in &mut turn[k + 1..] {
+            *later -= cost(k);
+        }
+    }
+    let survivors = (0..n).filter(|&k| !gone[k]);
+    let debt_end = survivors.map(|k| turn[k] + cost(k)).max().unwrap_or(0);
+    let grants = (0..n).map(|k| (!gone[k]).then_some(turn[k])).collect();
+    (grants, debt_end)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// Pure pacing (no stored permits, bursty or warm-up), waiters all
+    /// asking at 0, some giving up at random milliseconds: exactly the
+    /// model's grants — every waiter that gives up before its turn gives
+    /// back its whole cost at once, and those after it move up by as much —
+    /// and afterwards the debt ends exactly where the survivors' weights
+    /// alone put it (nothing lost, nothing gained).
+    #[test]
+    fn given_up_turns_go_to_the_waiters_after(
+        rate in prop::sample::select(WHOLE_MS_RATES.to_vec()),
+        warm_up in any::<bool>(),
+        waiters in prop::collection::vec((1u32..=5, prop::option::of(any::<u64>())), 1..12),
+    ) {
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let interval_ms = (1000.0 / rate) as u128;
+        let weights: Vec<u32> = waiters.iter().map(|w| w.0).collect();
+        let total: u128 = weights.iter().map(|&w| u128::from(w) * interval_ms).sum();
+        let span = u64::try_from(total).unwrap() + 2;
+        let give_up: Vec<Option<u64>> = waiters.iter().map(|w| w.1.map(|at| at % span)).collect();
+        let (grants, done, after) = paused_runtime()
+            .block_on(async { give_up_at(pacing(rate, warm_up), &weights, &give_up).await });
+        let (want, debt_end) = give_up_model(interval_ms, &weights, &give_up);
+        prop_assert_eq!(&grants, &want);
+        let owed = debt_end.saturating_sub(done);
+        if owed == 0 {
+            prop_assert_eq!(after, Ok(()));
+        } else {
+            let retry_after = Duration::from_millis(u64::try_from(owed).unwrap());
+            prop_assert_eq!(after, Err(TryAcquireError::Limited { retry_after }));
+        }
+    }
+
+    /// Random bursts and warm-ups, callers arriving at random (each its own
+    /// task), some giving up after a random wait: the survivors keep the
+    /// window bound (one timer tick of slack) and are granted in the order
+    /// they asked.
+    #[test]
+    fn survivors_of_given_up_waiters_keep_the_bound_and_order(
+        rate in prop_oneof![Just(10.0), Just(3.0), Just(250.0), 1.0f64..2000.0],
+        burst in prop_oneof![Just(Duration::from_secs(1)), (0u64..2000).prop_map(Duration::from_millis)],
+        warm_up in any::<bool>(),
+        cold_factor in cold_factor(),
+        arrivals in arrivals(60),
+        patience in prop::collection::vec(prop::option::of(0u64..3000), 60),
+    ) {
+        let grants = paused_runtime().block_on(async {
+            let limiter: Arc<dyn Limiter> = if warm_up {
+                Arc::new(SmoothWarmingUp::builder().permits_per_second(rate).warmup(burst).cold_factor(cold_factor).build().unwrap())
+            } else {
+                Arc::new(SmoothBursty::builder().permits_per_second(rate).max_burst(burst).build().unwrap())
+            };
+            let start = Instant::now();
+            let mut tasks = Vec::new();
+            for (a, &patience) in arrivals.iter().zip(&patience) {
+                tokio::time::sleep(gap(a, rate, burst)).await;
+                let limiter = Arc::clone(&limiter);
+                let a = *a;
+                let mut t = task::spawn(async move {
+                    let ok = if a.try_only {
+                        limiter.try_acquire_many(a.weight).is_ok()
+                    } else if let Some(ms) = patience {
+                        tokio::time::timeout(Duration::from_millis(ms), limiter.acquire_many(a.weight))
+                            .await
+                            .is_ok()
+                    } else {
+                        limiter.acquire_many(a.weight).await.is_ok()
+                    };
+                    ok.then(|| (start.elapsed(), u64::from(a.weight)))
+                });
+                // The first poll makes the reservation: in arrival order.
+                tasks.push(match t.poll() {
+                    Poll::Ready(g) => Err(g),
+                    Poll::Pending => Ok(tokio::spawn(t)),
+                });
+            }
+            let mut grants = Vec::new();
+            for t in tasks {
+                match t {
+                    Ok(h) => grants.extend(h.await.unwrap()),
+                    Err(g) => grants.extend(g),
+                }
+            }
+            grants
+        });
+        // In arrival order, the survivors' grant instants never go back.
+        for pair in grants.windows(2) {
+            prop_assert!(pair[0].0 <= pair[1].0, "out of order: {:?}", pair);
+        }
+        let (burst, truncation) = if warm_up {
+            (Duration::ZERO, WARM_UP_TRUNCATION)
+        } else {
+            (burst, BURSTY_TRUNCATION)
+        };
+        let slack = (burst, Duration::from_millis(1), truncation);
+        let v = window_violation(&grants, rate, slack, Exclude::Heaviest);
+        prop_assert!(v.is_none(), "{}", v.unwrap_or_default());
     }
 }

@@ -48,6 +48,7 @@ use std::time::Duration;
 
 pub(crate) use gcra::{Booking, MAX_TIME, Params, Release};
 pub use smooth::SmoothState;
+pub(crate) use smooth::Span;
 
 use crate::{AcquireError, ConfigError, Rate, TryAcquireError};
 

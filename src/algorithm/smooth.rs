@@ -339,11 +339,7 @@ impl SmoothState {
     /// assert_eq!(limiter.reserve(secs(0), 1), secs(10)); // pays for the ten
     /// ```
     pub fn reserve(&mut self, now: Duration, permits: u32) -> Duration {
-        if permits == 0 {
-            return Duration::ZERO;
-        }
-        let now = self.units(now);
-        self.reserve_and_get_wait_length(permits, now)
+        self.reserve_span(now, permits).0
     }
 
     /// Guava's `tryAcquire(permits, timeout)`: `None` when the debt of the
@@ -374,16 +370,8 @@ impl SmoothState {
         permits: u32,
         timeout: Duration,
     ) -> Option<Duration> {
-        if permits == 0 {
-            return Some(Duration::ZERO);
-        }
-        let now = self.units(now);
-        // `canAcquire`: `nextFreeTicketMicros - timeoutMicros <= nowMicros`.
-        let timeout = timeout.as_nanos().saturating_mul(PS_PER_NS) / self.unit;
-        if self.next_free / self.unit > now + timeout {
-            return None;
-        }
-        Some(self.reserve_and_get_wait_length(permits, now))
+        self.try_reserve_span(now, permits, timeout)
+            .map(|(wait, _)| wait)
     }
 
     /// Guava's `setRate`: changes the stable rate at `now`.
@@ -617,10 +605,79 @@ impl SmoothState {
         picos(now) / self.unit
     }
 
-    /// `reserveAndGetWaitLength`: the wait, from `now` in units.
-    fn reserve_and_get_wait_length(&mut self, permits: u32, now: u128) -> Duration {
+    /// [`reserve`](Self::reserve), also returning where the reservation
+    /// lies on the time line, for [`give_back`](Self::give_back).
+    pub(crate) fn reserve_span(&mut self, now: Duration, permits: u32) -> (Duration, Span) {
+        if permits == 0 {
+            let at = self.next_free;
+            return (
+                Duration::ZERO,
+                Span {
+                    moment: at,
+                    end: at,
+                },
+            );
+        }
+        let now = self.units(now);
+        self.reserve_span_at(permits, now)
+    }
+
+    /// [`try_reserve`](Self::try_reserve), also returning the reservation's
+    /// span.
+    pub(crate) fn try_reserve_span(
+        &mut self,
+        now: Duration,
+        permits: u32,
+        timeout: Duration,
+    ) -> Option<(Duration, Span)> {
+        // `canAcquire`: `nextFreeTicketMicros - timeoutMicros <= nowMicros`.
+        let timeout = timeout.as_nanos().saturating_mul(PS_PER_NS) / self.unit;
+        if permits > 0 && self.next_free / self.unit > self.units(now) + timeout {
+            return None;
+        }
+        Some(self.reserve_span(now, permits))
+    }
+
+    /// `reserveAndGetWaitLength`: the wait, from `now` in units, and the
+    /// reservation's span.
+    fn reserve_span_at(&mut self, permits: u32, now: u128) -> (Duration, Span) {
         let moment_available = self.reserve_earliest_available(permits, now);
-        nanos_to_duration((moment_available.saturating_sub(now) * self.unit).div_ceil(PS_PER_NS))
+        let wait = nanos_to_duration(
+            (moment_available.saturating_sub(now) * self.unit).div_ceil(PS_PER_NS),
+        );
+        let span = Span {
+            moment: moment_available * self.unit,
+            end: self.next_free,
+        };
+        (wait, span)
+    }
+
+    /// Takes back the part of a reservation's cost that has not elapsed at
+    /// `now`: a reservation that was never used (its caller gave up) stops
+    /// holding back the requests after it. Returns the time given back, in
+    /// picoseconds: the next free ticket moves back by that much, and so
+    /// must every reservation made after this one (the caller's queue does
+    /// that; see [`Span::shift`]).
+    ///
+    /// The reservation's cost is the span from its moment to the next free
+    /// ticket it left; the part before `now` (or before its moment, if that
+    /// is later) is gone either way. The stored permits it spent are *not*
+    /// given back: which stored permits the later requests spent, and so
+    /// their costs, would change, and re-pricing them is beyond Guava's
+    /// model. Keeping them spent only ever slows the limiter down (a bursty
+    /// limiter's stored permits are free, a warm-up limiter's cost at least
+    /// the stable interval), so no window bound is at risk.
+    ///
+    /// The next free ticket never moves before `now`, and stays a whole
+    /// number of units (rounded up: a debt is never lost to rounding).
+    pub(crate) fn give_back(&mut self, now: Duration, span: Span) -> u128 {
+        let now = self.units(now) * self.unit;
+        let unused = span.end.saturating_sub(now.max(span.moment));
+        let floor = now.max(self.next_free.saturating_sub(unused));
+        let next_free = floor.div_ceil(self.unit) * self.unit;
+        let given = self.next_free.saturating_sub(next_free);
+        self.next_free -= given;
+        given
     }
 
     /// `reserveEarliestAvailable`: reserves and returns the moment the
@@ -695,6 +752,25 @@ impl SmoothState {
                 self.stored_permits = self.max_permits.min(self.stored_permits + new_permits);
             }
             self.next_free = now * self.unit;
+        }
+    }
+}
+
+/// Where a reservation lies on the time line, in picoseconds: from the
+/// moment its caller may go to the next free ticket it left behind (its
+/// cost, paid by the request after it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Span {
+    pub(crate) moment: u128,
+    pub(crate) end: u128,
+}
+
+impl Span {
+    /// The span after an earlier reservation gave back `picos`.
+    pub(crate) fn shift(self, picos: u128) -> Span {
+        Span {
+            moment: self.moment.saturating_sub(picos),
+            end: self.end.saturating_sub(picos),
         }
     }
 }
@@ -1072,5 +1148,62 @@ mod tests {
                 Err(ConfigError::InvalidRate { .. })
             ));
         }
+    }
+
+    #[test]
+    fn give_back_returns_the_unelapsed_cost() {
+        let mut s = SmoothState::bursty(10.0, Duration::ZERO).unwrap();
+        s.reserve(ms(0), 1); // free; the next pays 100 ms
+        let (wait, a) = s.reserve_span(ms(0), 3);
+        assert_eq!(wait, ms(100));
+        assert_eq!(
+            (a.moment, a.end),
+            (100 * MICROS * 1000, 400 * MICROS * 1000)
+        );
+        let (_, b) = s.reserve_span(ms(0), 1);
+        assert_eq!(s.next_free(), ms(500));
+        // Before its turn: all 300 ms of it.
+        let mut before = s.clone();
+        assert_eq!(before.give_back(ms(50), a), 300 * MICROS * 1000);
+        assert_eq!(before.next_free(), ms(200));
+        // Halfway through its cost: the other half.
+        let mut during = s.clone();
+        assert_eq!(during.give_back(ms(250), a), 150 * MICROS * 1000);
+        assert_eq!(during.next_free(), ms(350));
+        // Once its cost has elapsed: nothing.
+        let mut after = s.clone();
+        assert_eq!(after.give_back(ms(400), a), 0);
+        assert_eq!(after.next_free(), ms(500));
+        // The last one, shifted by the first's give-back.
+        assert_eq!(
+            before.give_back(ms(50), b.shift(300 * MICROS * 1000)),
+            100 * MICROS * 1000
+        );
+        assert_eq!(before.next_free(), ms(100));
+    }
+
+    #[test]
+    fn give_back_never_moves_the_ticket_before_now_nor_off_the_unit() {
+        let mut s = SmoothState::bursty(10.0, Duration::ZERO).unwrap();
+        s.reserve(ms(0), 1);
+        let (_, a) = s.reserve_span(ms(0), 1); // 100 to 200 ms
+        // A span larger than the debt left (it cannot happen with the
+        // queue's bookkeeping, but the ticket stays put at `now`).
+        let wide = Span {
+            moment: 0,
+            end: a.end * 10,
+        };
+        let mut t = s.clone();
+        assert_eq!(t.give_back(ms(150), wide), 50 * MICROS * 1000);
+        assert_eq!(t.next_free(), ms(150));
+        // After a switch to a coarser unit, the ticket rounds up.
+        let mut fast = SmoothState::bursty(4e6, Duration::ZERO).unwrap(); // 250 ns
+        fast.reserve(ms(0), 1);
+        let (_, x) = fast.reserve_span(ms(0), 1); // 250 to 500 ns
+        fast.set_rate(ms(0), 1e6 / 3.0).unwrap(); // 3 µs per permit, µs unit
+        assert_eq!(fast.next_free(), us(1)); // 500 ns of debt rounds up
+        // Its 250 ns would leave the ticket at 750 ns: rounded up, 1 µs.
+        assert_eq!(fast.give_back(ms(0), x), 0);
+        assert_eq!(fast.next_free(), us(1));
     }
 }
