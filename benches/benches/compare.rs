@@ -131,6 +131,15 @@ enum Kind {
 }
 
 impl Kind {
+    /// One of this crate's limiters that callers wait on: the issue's
+    /// targets for waiters apply to it.
+    fn is_crate_waiter(self) -> bool {
+        matches!(
+            self,
+            Kind::Token | Kind::Shaper | Kind::Funnel | Kind::SmoothBursty | Kind::SmoothWarmingUp
+        )
+    }
+
     /// Whether `BENCH_KINDS` selects this limiter. Governor is always kept:
     /// the targets are ratios to it.
     fn selected(self, set: &Settings) -> bool {
@@ -1183,7 +1192,7 @@ fn pacing(rt: &Runtime, set: &Settings) {
                         refused.to_string()
                     },
                 ]);
-                if matches!(kind, Kind::Token | Kind::Shaper | Kind::Funnel) {
+                if kind.is_crate_waiter() {
                     checked += 1;
                     if achieved < 0.999 {
                         misses.push(format!(
@@ -1342,7 +1351,7 @@ fn waiters(rt: &Runtime, set: &Settings) {
         .find(|(k, _)| *k == Kind::Governor)
         .map_or(f64::NAN, |c| c.1);
     for (&(k, c), &(_, spread)) in cpu.iter().zip(&spreads) {
-        if !matches!(k, Kind::Token | Kind::Shaper | Kind::Funnel) {
+        if !k.is_crate_waiter() {
             continue;
         }
         t.note(ratio_line(
@@ -1775,7 +1784,7 @@ fn cancellation(rt: &Runtime, set: &Settings) {
          (the drop's aftermath included). The shaper gets capacity 1001.",
     );
     for (k, a) in after {
-        if matches!(k, Kind::Token | Kind::Shaper | Kind::Funnel) {
+        if k.is_crate_waiter() {
             t.note(ratio_line(
                 &format!("{} achieved/configured after the drop", k.name()),
                 a,
