@@ -11,8 +11,9 @@
 //! Arguments: `token|funnel|governor|keyed|governor_keyed|semaphore|clock`,
 //! `allowed|denied`, and a call count. `keyed` and `governor_keyed` check one
 //! hot `u64` key of a map that holds 1 000 keys (the default hashers; the
-//! quota of the `memory` benchmark: 1/s, burst 10⁷). Subtract a run with a count of 0 to remove the set-up,
-//! then divide by the count for instructions per call.
+//! quota of the `memory` benchmark: 1/s, burst 10⁷). Subtract a run with a
+//! count of 0 to remove the set-up, then divide by the count for
+//! instructions per call.
 
 use std::hint::black_box;
 use std::num::NonZeroU32;
