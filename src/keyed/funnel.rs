@@ -271,6 +271,7 @@ impl Word for AtomicU64 {
         AtomicU64::new(tat as u64)
     }
 
+    #[inline]
     #[allow(clippy::cast_possible_truncation)]
     fn read(&self, params: &Params, now: u128) -> (u128, u128) {
         let raw = self.load(Ordering::Acquire);
@@ -285,6 +286,7 @@ impl Word for AtomicU64 {
         (u128::from(raw), tat)
     }
 
+    #[inline]
     fn replace(&self, raw: u128, tat: u128) -> bool {
         #[allow(clippy::cast_possible_truncation)]
         self.compare_exchange_weak(raw as u64, tat as u64, Ordering::AcqRel, Ordering::Acquire)
@@ -297,11 +299,13 @@ impl Word for AtomicU128 {
         AtomicU128::new(tat)
     }
 
+    #[inline]
     fn read(&self, _: &Params, now: u128) -> (u128, u128) {
         let raw = self.load(Ordering::Acquire);
         (raw, raw.max(now))
     }
 
+    #[inline]
     fn replace(&self, raw: u128, tat: u128) -> bool {
         self.compare_exchange_weak(raw, tat, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
