@@ -108,12 +108,7 @@ impl Counters {
         let first = id as usize % STRIPES;
         let preferred = &self.stripes[first];
         if preferred.owner.load(Ordering::Relaxed) == id {
-            let owned = counter(&preferred.owned);
-            // Only this thread writes `owned`: no update can be lost.
-            owned.store(
-                owned.load(Ordering::Relaxed).wrapping_add(amount),
-                Ordering::Relaxed,
-            );
+            add_owned(counter(&preferred.owned), amount);
         } else {
             self.add_slow(id, first, amount, counter);
         }
@@ -125,19 +120,15 @@ impl Counters {
     fn add_slow(&self, id: u64, first: usize, amount: u64, counter: impl Fn(&Pair) -> &AtomicU64) {
         for i in 0..STRIPES {
             let stripe = &self.stripes[(first + i) % STRIPES];
-            let owner = stripe.owner.load(Ordering::Relaxed);
-            let mine = owner == id
-                || (owner == 0
+            let claimed = stripe.owner.load(Ordering::Relaxed);
+            let mine = claimed == id
+                || (claimed == 0
                     && stripe
                         .owner
                         .compare_exchange(0, id, Ordering::Relaxed, Ordering::Relaxed)
                         .is_ok());
             if mine {
-                let owned = counter(&stripe.owned);
-                owned.store(
-                    owned.load(Ordering::Relaxed).wrapping_add(amount),
-                    Ordering::Relaxed,
-                );
+                add_owned(counter(&stripe.owned), amount);
                 return;
             }
         }
@@ -155,6 +146,16 @@ impl Counters {
             )
         })
     }
+}
+
+/// Adds to a counter that only the calling thread writes (a stripe's
+/// `owned` words, by their owner): a load and a store, no update lost.
+#[inline]
+fn add_owned(counter: &AtomicU64, amount: u64) {
+    counter.store(
+        counter.load(Ordering::Relaxed).wrapping_add(amount),
+        Ordering::Relaxed,
+    );
 }
 
 #[cfg(test)]
