@@ -39,13 +39,16 @@ pub struct Stats {
 /// Counters bumped on the hot paths, striped over two cache lines so that
 /// two threads sharing a limiter rarely fight over one line.
 ///
-/// Each stripe is *owned* by the first thread that counts on it (for good:
-/// the owner never changes). The owner's counts have their own words that
-/// no other thread writes, so the owner adds with a plain load and store —
+/// A thread always counts on the same stripe (chosen by its id). Each
+/// stripe is *owned* by the first thread that counts on it (for good: the
+/// owner never changes). The owner's counts have their own words that no
+/// other thread writes, so the owner adds with a plain load and store —
 /// exact, and without the locked read-modify-write that costs a few
-/// nanoseconds on every `try_acquire`. Threads that own no stripe add to
-/// the stripe's shared words with `fetch_add`. Nothing is kept per thread
-/// outside the limiter, so a thread that exits loses no counts.
+/// nanoseconds on every `try_acquire`. The other threads on that stripe add
+/// to its shared words with `fetch_add`, as every thread did before.
+/// Nothing is kept per thread outside the limiter, so a thread that exits
+/// loses no counts (its stripe's later threads just keep using
+/// `fetch_add`).
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
     stripes: [Stripe; STRIPES],
@@ -103,36 +106,33 @@ impl Counters {
     #[inline]
     fn add(&self, amount: u64, counter: impl Fn(&Pair) -> &AtomicU64) {
         let id = thread_id();
-        // Consecutive threads start on different stripes.
+        // Consecutive threads use different stripes. A thread only ever
+        // looks at its own stripe: reading another's owner word would pull
+        // in a line that its owner writes on every call.
         #[allow(clippy::cast_possible_truncation)]
-        let first = id as usize % STRIPES;
-        let preferred = &self.stripes[first];
-        if preferred.owner.load(Ordering::Relaxed) == id {
-            add_owned(counter(&preferred.owned), amount);
-        } else {
-            self.add_slow(id, first, amount, counter);
+        let stripe = &self.stripes[id as usize % STRIPES];
+        match stripe.owner.load(Ordering::Relaxed) {
+            owner if owner == id => add_owned(counter(&stripe.owned), amount),
+            0 => Self::claim_and_add(stripe, id, amount, counter),
+            _ => {
+                counter(&stripe.shared).fetch_add(amount, Ordering::Relaxed);
+            }
         }
     }
 
-    /// [`add`](Self::add) for a thread that does not own its first stripe:
-    /// it claims a free stripe, or adds to the shared words.
+    /// [`add`](Self::add) on a stripe nobody owned a moment ago: claims it,
+    /// or, if another thread was quicker, adds to the shared words.
     #[cold]
-    fn add_slow(&self, id: u64, first: usize, amount: u64, counter: impl Fn(&Pair) -> &AtomicU64) {
-        for i in 0..STRIPES {
-            let stripe = &self.stripes[(first + i) % STRIPES];
-            let claimed = stripe.owner.load(Ordering::Relaxed);
-            let mine = claimed == id
-                || (claimed == 0
-                    && stripe
-                        .owner
-                        .compare_exchange(0, id, Ordering::Relaxed, Ordering::Relaxed)
-                        .is_ok());
-            if mine {
-                add_owned(counter(&stripe.owned), amount);
-                return;
+    fn claim_and_add(stripe: &Stripe, id: u64, amount: u64, counter: impl Fn(&Pair) -> &AtomicU64) {
+        match stripe
+            .owner
+            .compare_exchange(0, id, Ordering::Relaxed, Ordering::Relaxed)
+        {
+            Ok(_) => add_owned(counter(&stripe.owned), amount),
+            Err(_) => {
+                counter(&stripe.shared).fetch_add(amount, Ordering::Relaxed);
             }
         }
-        counter(&self.stripes[first].shared).fetch_add(amount, Ordering::Relaxed);
     }
 
     /// The totals: (granted permits, refused requests).
