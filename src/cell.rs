@@ -50,7 +50,7 @@ pub(crate) struct Cell {
     num: AtomicU64,
     den: AtomicU64,
     capacity: u32,
-    origin: Instant,
+    origin: clock::Origin,
     /// The latest waiter released after its due time: its due time (ns
     /// since the origin, rounded down) in the high 64 bits, the time it was
     /// released in the low 64 bits; 0 for none.
@@ -98,7 +98,7 @@ impl Cell {
             num: AtomicU64::new(params.num()),
             den: AtomicU64::new(params.den()),
             capacity: params.capacity(),
-            origin,
+            origin: clock::Origin::at(origin),
             credit: AtomicU128::new(0),
         }
     }
@@ -108,24 +108,19 @@ impl Cell {
     }
 
     /// Nanoseconds since the origin on tokio's clock.
+    #[inline]
     pub(crate) fn now_nanos(&self) -> u128 {
-        let elapsed = clock::now().saturating_duration_since(self.origin);
-        // In 64 bits: `as_nanos` multiplies in 128.
-        u128::from(
-            elapsed
-                .as_secs()
-                .saturating_mul(1_000_000_000)
-                .saturating_add(u64::from(elapsed.subsec_nanos())),
-        )
+        u128::from(self.origin.elapsed_nanos())
     }
 
     /// The instant `scaled` units after the origin, rounded up to a
     /// nanosecond (saturating far in the future).
     pub(crate) fn instant_at(&self, params: &Params, scaled: u128) -> Instant {
         let offset = params.duration_ceil(scaled);
-        self.origin
+        let origin = self.origin.instant();
+        origin
             .checked_add(offset)
-            .unwrap_or_else(|| self.origin + Duration::from_secs(86_400 * 365 * 1000))
+            .unwrap_or_else(|| origin + Duration::from_secs(86_400 * 365 * 1000))
     }
 
     /// The word and the interval that goes with it.

@@ -8,9 +8,12 @@
 //! callgrind_annotate cg.out | head -40
 //! ```
 //!
-//! Arguments: `token|funnel|governor|semaphore|clock`, `allowed|denied`,
-//! and a call count. Subtract a run with a count of 0 to remove the set-up,
-//! then divide by the count for instructions per call.
+//! Arguments: `token|funnel|governor|keyed|governor_keyed|semaphore|clock`,
+//! `allowed|denied`, and a call count. `keyed` and `governor_keyed` check one
+//! hot `u64` key of a map that holds 1 000 keys (the default hashers; the
+//! quota of the `memory` benchmark: 1/s, burst 10⁷). Subtract a run with a
+//! count of 0 to remove the set-up, then divide by the count for
+//! instructions per call.
 
 use std::hint::black_box;
 use std::num::NonZeroU32;
@@ -18,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use governor::{Quota, RateLimiter};
 use tokio::sync::Semaphore;
+use tokio_ratelimit::keyed::KeyedFunnel;
 use tokio_ratelimit::{Funnel, Rate, TokenBucket};
 
 fn main() {
@@ -80,6 +84,38 @@ fn main() {
             }
             for _ in 0..n {
                 ok += u64::from(g.check().is_ok());
+            }
+        }
+        "keyed" => {
+            let k: KeyedFunnel<u64> = KeyedFunnel::builder()
+                .rate(if allowed {
+                    Rate::per_second(1)
+                } else {
+                    Rate::per_hour(1)
+                })
+                .capacity(if allowed { 10_000_000 } else { 1 })
+                .build()
+                .unwrap();
+            for key in 0..1000u64 {
+                k.try_acquire(&key).unwrap();
+            }
+            for _ in 0..n {
+                ok += u64::from(k.try_acquire(black_box(&42)).is_ok());
+            }
+        }
+        "governor_keyed" => {
+            let quota = if allowed {
+                Quota::per_second(NonZeroU32::new(1).unwrap())
+                    .allow_burst(NonZeroU32::new(10_000_000).unwrap())
+            } else {
+                Quota::per_hour(NonZeroU32::new(1).unwrap())
+            };
+            let g = RateLimiter::keyed(quota);
+            for key in 0..1000u64 {
+                g.check_key(&key).unwrap();
+            }
+            for _ in 0..n {
+                ok += u64::from(g.check_key(black_box(&42)).is_ok());
             }
         }
         "semaphore" => {

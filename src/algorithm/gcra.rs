@@ -146,6 +146,10 @@ impl Params {
         // The common cases divide in 64 bits (or not at all): a 128-bit
         // division is a library call.
         if let Ok(small) = u64::try_from(scaled) {
+            // Whole-nanosecond rates need no division at all.
+            if self.den == 1 {
+                return Duration::from_nanos(small);
+            }
             return Duration::from_nanos(small.div_ceil(self.den));
         }
         nanos_to_duration(scaled.div_ceil(u128::from(self.den)))
@@ -163,8 +167,39 @@ impl Params {
     ///
     /// Returns the new `tat`, or how long (scaled) until they would fit.
     /// The caller has checked `1 <= n <= capacity`.
+    ///
+    /// When every quantity fits in 64 bits — `tat`, `now`, the cost, τ and
+    /// the new `tat` (at a rate of whole nanoseconds, `den` = 1, for the
+    /// first 584 years) — it computes in 64-bit arithmetic, where nothing
+    /// saturates (2⁶⁴ is far below [`MAX_TIME`]), so the result is the same
+    /// as in 128 bits; otherwise in 128 bits.
     #[inline]
     pub(crate) fn try_pour(&self, tat: u128, now: u128, n: u32) -> Result<u128, u128> {
+        if let (Ok(tat), Ok(now)) = (u64::try_from(tat), u64::try_from(now)) {
+            if let Some(result) = self.try_pour_narrow(tat, now, n) {
+                return result.map(u128::from).map_err(u128::from);
+            }
+        }
+        self.try_pour_wide(tat, now, n)
+    }
+
+    /// [`try_pour`](Self::try_pour) in 64 bits; `None` when a quantity
+    /// does not fit.
+    #[inline]
+    fn try_pour_narrow(&self, tat: u64, now: u64, n: u32) -> Option<Result<u64, u64>> {
+        let cost = self.num.checked_mul(u64::from(n))?;
+        let tau = self.num.checked_mul(u64::from(self.capacity))?;
+        let end = tat.max(now).checked_add(cost)?;
+        let water = end - now;
+        Some(if water <= tau {
+            Ok(end)
+        } else {
+            Err(water - tau)
+        })
+    }
+
+    /// [`try_pour`](Self::try_pour) in 128 bits.
+    fn try_pour_wide(&self, tat: u128, now: u128, n: u32) -> Result<u128, u128> {
         let end = add(tat.max(now), self.cost(n));
         let water = end - now;
         if water <= self.tau() {
@@ -258,6 +293,7 @@ impl Params {
     }
 }
 
+#[inline]
 fn add(a: u128, b: u128) -> u128 {
     a.saturating_add(b).min(MAX_TIME)
 }
@@ -307,6 +343,8 @@ pub(crate) fn mul_div_ceil(a: u128, b: u64, c: u64) -> u128 {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
 
     fn p(rate: Rate, capacity: u32) -> Params {
@@ -453,6 +491,86 @@ mod tests {
             u128::from(u64::MAX) << 30
         );
         assert_eq!(mul_div_ceil(MAX_TIME, u64::MAX, 1), MAX_TIME);
+    }
+
+    /// A 64-bit quantity, mostly near the edges where the 64-bit meter
+    /// hands over to the 128-bit one.
+    fn edgy_u64() -> impl Strategy<Value = u64> {
+        prop_oneof![
+            any::<u64>(),
+            0..1_000u64,
+            u64::MAX - 1_000..=u64::MAX,
+            (1u32..64).prop_flat_map(|bits| {
+                let edge = 1u64 << bits;
+                edge - 1_000.min(edge)..=edge.saturating_add(1_000)
+            }),
+        ]
+    }
+
+    /// A `tat` or `now` in scaled units: mostly 64-bit ones near the edges,
+    /// some just past 2⁶⁴, some anywhere up to [`MAX_TIME`].
+    fn edgy_time() -> impl Strategy<Value = u128> {
+        prop_oneof![
+            4 => edgy_u64().prop_map(u128::from),
+            1 => (0..1_000u128).prop_map(|d| (1u128 << 64) + d),
+            1 => 0..=MAX_TIME,
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(20_000))]
+
+        /// The meter's 64-bit path decides exactly as the 128-bit one,
+        /// including where a quantity stops fitting.
+        #[test]
+        fn narrow_meter_agrees_with_wide(
+            num in edgy_u64().prop_map(|n| n.max(1)),
+            den in edgy_u64().prop_map(|d| d.clamp(1, u64::from(u32::MAX))),
+            capacity in any::<u32>().prop_map(|c| c.max(1)),
+            n_frac in 0.0..=1.0f64,
+            tat in edgy_time(),
+            now in edgy_time(),
+            near in any::<bool>(),
+        ) {
+            let q = Params::from_parts(num, den, capacity);
+            // Half the time, `tat` close to `now`, where decisions flip.
+            let tat = if near { now.saturating_add(tat % (q.tau() + 2)).min(MAX_TIME) } else { tat };
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            let n = ((f64::from(capacity) * n_frac) as u32).clamp(1, capacity);
+            prop_assert_eq!(q.try_pour(tat, now, n), q.try_pour_wide(tat, now, n));
+        }
+    }
+
+    #[test]
+    fn narrow_meter_hands_over_at_the_edges() {
+        let max = u128::from(u64::MAX);
+        // τ = num × capacity: exactly 2⁶⁴ − 1, and one over (num 2⁶³ + 1,
+        // capacity 2: 2⁶⁴ + 2 overflows).
+        for (num, capacity) in [(u64::MAX, 1), (1 << 63 | 1, 2), (u64::MAX / 3, 3)] {
+            let q = Params::from_parts(num, 1, capacity);
+            for tat in [0, 1, max - 2, max - 1, max, max + 1] {
+                for now in [0, 1, max - 2, max - 1, max, max + 1] {
+                    for n in [1, capacity] {
+                        assert_eq!(
+                            q.try_pour(tat, now, n),
+                            q.try_pour_wide(tat, now, n),
+                            "num {num} capacity {capacity} tat {tat} now {now} n {n}"
+                        );
+                    }
+                }
+            }
+        }
+        // The new `tat` landing exactly on 2⁶⁴ − 1 stays narrow; one more
+        // unit goes wide, with the same answers.
+        let q = Params::from_parts(10, 1, 4);
+        assert_eq!(q.try_pour(max - 10, max - 40, 1), Ok(max));
+        assert_eq!(q.try_pour(max - 9, max - 40, 1), Err(1));
+        assert_eq!(
+            q.try_pour(max - 9, max - 40, 1),
+            q.try_pour_wide(max - 9, max - 40, 1)
+        );
+        assert_eq!(q.try_pour(max - 9, max - 39, 1), Ok(max + 1));
+        assert_eq!(q.try_pour(max - 9, max - 41, 1), Err(2));
     }
 
     #[test]

@@ -31,7 +31,6 @@ use std::time::Duration;
 
 use portable_atomic::AtomicU128;
 use tokio::sync::Notify;
-use tokio::time::Instant;
 
 use super::map::{ShardMap, Unavailable};
 use super::{KeyedStats, Sweep, spawn_sweeper};
@@ -91,7 +90,7 @@ impl<K, S> Clone for KeyedFunnel<K, S> {
 struct Inner<K, S> {
     params: Params,
     rate: Rate,
-    origin: Instant,
+    origin: clock::Origin,
     words: Words<K, S>,
     /// Wakes the sweeper when the map stops being empty, and when this is
     /// dropped.
@@ -239,7 +238,7 @@ where
         let inner = Arc::new(Inner {
             params,
             rate,
-            origin: clock::now(),
+            origin: clock::Origin::now(),
             words,
             sweeper: notify.clone(),
             counters: Counters::default(),
@@ -272,6 +271,7 @@ impl Word for AtomicU64 {
         AtomicU64::new(tat as u64)
     }
 
+    #[inline]
     #[allow(clippy::cast_possible_truncation)]
     fn read(&self, params: &Params, now: u128) -> (u128, u128) {
         let raw = self.load(Ordering::Acquire);
@@ -286,6 +286,7 @@ impl Word for AtomicU64 {
         (u128::from(raw), tat)
     }
 
+    #[inline]
     fn replace(&self, raw: u128, tat: u128) -> bool {
         #[allow(clippy::cast_possible_truncation)]
         self.compare_exchange_weak(raw as u64, tat as u64, Ordering::AcqRel, Ordering::Acquire)
@@ -298,11 +299,13 @@ impl Word for AtomicU128 {
         AtomicU128::new(tat)
     }
 
+    #[inline]
     fn read(&self, _: &Params, now: u128) -> (u128, u128) {
         let raw = self.load(Ordering::Acquire);
         (raw, raw.max(now))
     }
 
+    #[inline]
     fn replace(&self, raw: u128, tat: u128) -> bool {
         self.compare_exchange_weak(raw, tat, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
@@ -315,13 +318,8 @@ where
     S: BuildHasher,
 {
     fn now(&self) -> u128 {
-        let elapsed = clock::now().saturating_duration_since(self.origin);
-        // In 64 bits: `as_nanos` multiplies in 128.
-        let nanos = elapsed
-            .as_secs()
-            .saturating_mul(1_000_000_000)
-            .saturating_add(u64::from(elapsed.subsec_nanos()));
-        self.params.scale_nanos(u128::from(nanos))
+        self.params
+            .scale_nanos(u128::from(self.origin.elapsed_nanos()))
     }
 
     fn try_acquire<Q>(&self, key: &Q, n: u32) -> Result<(), TryAcquireError>
