@@ -59,7 +59,6 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::sync::futures::Notified;
-use tokio::time::Instant;
 
 use crate::algorithm::{SmoothState, Span};
 use crate::cell::{CREDIT_GRACE, CREDIT_REACH};
@@ -639,7 +638,7 @@ struct Core {
     /// `smooth_bursty` or `smooth_warming_up` (tracing, `Debug`).
     kind: &'static str,
     /// Time zero of the state machine.
-    origin: Instant,
+    origin: clock::Origin,
     inner: Mutex<Inner>,
     /// Set under the lock; read without it on the fast checks.
     closed: AtomicBool,
@@ -723,7 +722,7 @@ impl Core {
     fn new(kind: &'static str, state: SmoothState) -> Core {
         Core {
             kind,
-            origin: clock::now(),
+            origin: clock::Origin::now(),
             inner: Mutex::new(Inner {
                 state,
                 version: 0,
@@ -745,7 +744,7 @@ impl Core {
 
     /// Time since the origin on tokio's clock.
     fn now(&self) -> Duration {
-        clock::now().saturating_duration_since(self.origin)
+        Duration::from_nanos(self.origin.elapsed_nanos())
     }
 
     fn is_closed(&self) -> bool {
@@ -881,7 +880,7 @@ impl Core {
             Moved,
             Closed,
         }
-        let mut timer = pin!(clock::sleep_until(self.origin));
+        let mut timer = pin!(clock::sleep_until(self.origin.instant()));
         loop {
             let due = {
                 let mut inner = self.lock();
@@ -895,7 +894,7 @@ impl Core {
                 return true;
             }
             // `None`: never due; only a close or a move ends the wait.
-            let deadline = due.and_then(|due| self.origin.checked_add(due));
+            let deadline = due.and_then(|due| self.origin.instant().checked_add(due));
             if let Some(deadline) = deadline {
                 timer.as_mut().reset(deadline);
             }
