@@ -349,3 +349,48 @@ async fn same_numbers_as_funnel_state() {
         }
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_polled_late_takes_only_its_own_turn() {
+    // One unit per 300 µs, full at 0: a is due at 0.3 ms and b at 0.6 ms,
+    // both on the 1 ms tick of their own timers. a, polled only at 0.6 ms,
+    // proceeds; b, due too by then, is not released by a's poll (that would
+    // put two releases on one tick and none on the next in real time): it
+    // proceeds when its own timer fires on the 1 ms tick, or when polled.
+    let f = funnel(Rate::every(Duration::from_micros(300)), 1);
+    let start = Instant::now();
+    assert_eq!(f.try_acquire(), Ok(()));
+    let mut a = task::spawn(f.acquire());
+    let mut b = task::spawn(f.acquire());
+    assert_pending!(a.poll());
+    assert_pending!(b.poll());
+    time::advance(Duration::from_micros(600)).await;
+    assert!(!a.is_woken() && !b.is_woken());
+    assert_ready_eq!(a.poll(), Ok(()));
+    assert!(!b.is_woken(), "a's poll released only a");
+    time::advance(Duration::from_nanos(399_999)).await;
+    assert!(!b.is_woken());
+    time::advance(Duration::from_nanos(1)).await;
+    assert!(b.is_woken(), "b's own timer fires on the 1 ms tick");
+    assert_ready_eq!(b.poll(), Ok(()));
+    assert_eq!(start.elapsed(), ms(1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_polled_after_its_turn_proceeds_before_its_timer_fires() {
+    // b is due at 0.6 ms; its own poll then sees its turn, before the
+    // 1 ms tick on which its timer would fire.
+    let f = funnel(Rate::every(Duration::from_micros(300)), 1);
+    let start = Instant::now();
+    assert_eq!(f.try_acquire(), Ok(()));
+    let mut a = task::spawn(f.acquire());
+    let mut b = task::spawn(f.acquire());
+    assert_pending!(a.poll());
+    assert_pending!(b.poll());
+    time::advance(Duration::from_nanos(599_999)).await;
+    assert_pending!(b.poll());
+    time::advance(Duration::from_nanos(1)).await;
+    assert_ready_eq!(b.poll(), Ok(()));
+    assert_eq!(start.elapsed(), Duration::from_micros(600));
+    assert_ready_eq!(a.poll(), Ok(()));
+}
