@@ -601,8 +601,31 @@ fn wake_all(wakers: Vec<Waker>) {
 /// The background task of an actor-backed limiter: one timer for the whole
 /// queue, armed only while someone waits. It ends when the last handle is
 /// dropped (the engine is gone) or the limiter is closed.
+///
+/// # Why the timer is first armed a tick early
+///
+/// tokio fires a timer on the first millisecond tick at or after its
+/// deadline, and in real time that tick is processed some way into the
+/// millisecond (the lag drifts from 0 to 1 ms and wraps around). Each round
+/// releases every waiter due by the time it runs, which may include the
+/// next waiter, due after the tick but before the round. The timer armed
+/// for the waiter after that one then skips a tick (its deadline is past
+/// the next tick), and the round on the tick after next releases two again.
+/// At 1 000/s this gave pairs of releases with an empty tick between them
+/// whenever the lag exceeded the phase of the turns: lateness spread over
+/// ~1.8 ms instead of the 1 ms of one release per tick.
+///
+/// So the timer is first armed one tick before the turn: it fires on the
+/// tick just before the turn's own, and the round releases the waiter if
+/// its turn has come by then. If not, the timer is armed again for the
+/// turn itself (never a third time: no busy loop). A waiter is thus
+/// released by the first round at or after its turn, with a round on every
+/// tick while waiters are due.
 async fn actor(engine: Weak<Engine>, notify: Arc<Notify>) {
     tracing::debug!("started");
+    // The turn whose early timer has fired, so that the next timer for it
+    // is armed for the turn itself.
+    let mut early_fired: Option<Instant> = None;
     loop {
         let next = match engine.upgrade() {
             Some(engine) => engine.drive(),
@@ -610,11 +633,21 @@ async fn actor(engine: Weak<Engine>, notify: Arc<Notify>) {
         };
         match next {
             Drive::Stop => break,
-            Drive::Idle => notify.notified().await,
-            Drive::Until(deadline) => {
-                let sleep = std::pin::pin!(clock::sleep_until(deadline));
+            Drive::Idle => {
+                early_fired = None;
+                notify.notified().await;
+            }
+            Drive::Until(turn) => {
+                let early = match turn.checked_sub(clock::TICK) {
+                    Some(early) if early_fired != Some(turn) => Some(early),
+                    _ => None,
+                };
+                let sleep = std::pin::pin!(clock::sleep_until(early.unwrap_or(turn)));
                 let woken = std::pin::pin!(notify.notified());
-                futures::future::select(sleep, woken).await;
+                early_fired = match futures::future::select(sleep, woken).await {
+                    futures::future::Either::Left(_) => early.map(|_| turn),
+                    futures::future::Either::Right(_) => None,
+                };
             }
         }
     }
