@@ -362,15 +362,7 @@ impl Engine {
                     let now = s.params.scale_nanos(self.cell.now_nanos());
                     if ready <= now {
                         // Its turn has come, whether or not the actor has run.
-                        // It takes itself and those ahead, not those behind.
-                        queue.grant_upto(
-                            &s.params,
-                            self.release,
-                            ready,
-                            now,
-                            &self.cell,
-                            &mut wakers,
-                        );
+                        queue.grant_due(&s.params, self.release, now, &self.cell, &mut wakers);
                         Ok(queue
                             .observe(id, &s.params, self.release, waker)
                             .unwrap_or((State::Pending, 0)))

@@ -144,36 +144,13 @@ impl Queue {
         cell: &Cell,
         wakers: &mut Vec<Waker>,
     ) -> usize {
-        self.grant_upto(params, release, now, now, cell, wakers)
-    }
-
-    /// Grants, at `now`, every pending waiter whose turn is at or before
-    /// `upto` (`<= now`): a prefix, collecting their wakers.
-    ///
-    /// A waiter that finds its own turn come grants only up to its turn,
-    /// not everyone due by `now`: tokio processes a millisecond tick some
-    /// way into the millisecond (in real time), so a waiter behind whose turn
-    /// falls after the tick but before `now` would be released on this tick
-    /// although its own timer is for the next one — two releases on one tick
-    /// and none on the next, twice the jitter of one release per tick. It is
-    /// left to its own timer (or the actor), or to its own poll.
-    pub(crate) fn grant_upto(
-        &mut self,
-        params: &Params,
-        release: Release,
-        upto: u128,
-        now: u128,
-        cell: &Cell,
-        wakers: &mut Vec<Waker>,
-    ) -> usize {
-        debug_assert!(upto <= now);
         let mut granted = 0;
         for e in &mut self.entries {
             if e.state != State::Pending {
                 continue;
             }
             let ready = params.ready(e.end, e.n, release);
-            if ready > upto {
+            if ready > now {
                 break;
             }
             e.state = State::Granted;

@@ -182,37 +182,6 @@ async fn pending_waiter_ready_at_its_instant_before_the_actor_runs() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_waiter_polled_late_does_not_release_those_behind() {
-    // One token per 200 µs, taken at 0: a is due at 0.2 ms, b at 0.4 ms.
-    // a, polled at 0.4 ms, proceeds on its own poll; b is left to the
-    // actor, which releases it on the 1 ms tick (releasing it on a's poll
-    // would make two releases on one tick and none on the next in real
-    // time).
-    let b = bucket(Rate::every(Duration::from_micros(200)), 1);
-    b.acquire().await.unwrap();
-    let start = Instant::now();
-    let mut first = task::spawn(b.acquire());
-    let mut second = task::spawn(b.acquire());
-    assert_pending!(first.poll());
-    assert_pending!(second.poll());
-    settle().await; // the actor arms its timer
-    time::advance(Duration::from_micros(400)).await;
-    settle().await;
-    assert!(!first.is_woken() && !second.is_woken());
-    assert_ready_ok!(first.poll());
-    assert!(!second.is_woken(), "first's poll released only first");
-    assert_eq!(b.waiting(), 1);
-    time::advance(ns(599_999)).await;
-    settle().await;
-    assert!(!second.is_woken());
-    time::advance(ns(1)).await;
-    settle().await;
-    assert!(second.is_woken(), "the actor releases it on the 1 ms tick");
-    assert_ready_ok!(second.poll());
-    assert_eq!(start.elapsed(), ms(1));
-}
-
-#[tokio::test(start_paused = true)]
 async fn the_actor_looks_a_tick_early_and_releases_a_late_turn_at_once() {
     // Due at 100.5 ms. The actor's timer is armed a tick early: it fires on
     // the 100 ms tick, but the actor (kept from running here) only gets to
