@@ -238,6 +238,7 @@ impl Engine {
             hold,
             done: false,
             sleep: None,
+            early_fired: None,
         };
         // The turn was within `max_wait` when it was reserved; a later
         // `set_rate` may push it out, so the deadline still stands.
@@ -656,6 +657,9 @@ struct Waiter<'a> {
     done: bool,
     /// Waiters of a limiter without an actor keep their own timer.
     sleep: Option<Pin<Box<Sleep>>>,
+    /// The turn whose early timer has fired (see [`actor`]: a waiter's
+    /// own timer is armed the same way).
+    early_fired: Option<Instant>,
 }
 
 impl Future for Waiter<'_> {
@@ -663,8 +667,9 @@ impl Future for Waiter<'_> {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
-        // Twice at most: a timer that has fired means the turn has come.
-        for _ in 0..2 {
+        // Three times at most: the early timer may have fired, and a timer
+        // armed for the turn that has fired means the turn has come.
+        for _ in 0..3 {
             match this.engine.poll_waiter(this.id, this.hold, cx.waker()) {
                 Ok(result) => {
                     this.done = true;
@@ -674,14 +679,26 @@ impl Future for Waiter<'_> {
                     if this.engine.actor.is_some() {
                         return Poll::Pending;
                     }
+                    // Like the actor's timer: first a tick before the turn,
+                    // so that the waiter behind one released early (due
+                    // between a tick and the moment it is processed) still
+                    // gets a round on the next tick.
+                    let early = match turn.checked_sub(clock::TICK) {
+                        Some(early) if this.early_fired != Some(turn) => Some(early),
+                        _ => None,
+                    };
+                    let deadline = early.unwrap_or(turn);
                     let sleep = this
                         .sleep
-                        .get_or_insert_with(|| Box::pin(clock::sleep_until(turn)));
-                    if sleep.deadline() != turn {
-                        sleep.as_mut().reset(turn);
+                        .get_or_insert_with(|| Box::pin(clock::sleep_until(deadline)));
+                    if sleep.deadline() != deadline {
+                        sleep.as_mut().reset(deadline);
                     }
                     if sleep.as_mut().poll(cx).is_pending() {
                         return Poll::Pending;
+                    }
+                    if early.is_some() {
+                        this.early_fired = Some(turn);
                     }
                 }
             }
