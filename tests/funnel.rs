@@ -349,3 +349,46 @@ async fn same_numbers_as_funnel_state() {
         }
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_timer_looks_a_tick_before_its_turn() {
+    // Due at 100.5 ms: the waiter's own timer is first armed a tick early,
+    // so it is woken on the 100 ms tick (not due yet), then armed for the
+    // turn, which tokio fires on the 101 ms tick.
+    let f = funnel(Rate::every(Duration::from_micros(100_500)), 1);
+    let start = Instant::now();
+    assert_eq!(f.try_acquire(), Ok(()));
+    let mut w = task::spawn(f.acquire());
+    assert_pending!(w.poll());
+    time::advance(Duration::from_nanos(99_999_999)).await;
+    assert!(!w.is_woken());
+    time::advance(Duration::from_nanos(1)).await;
+    assert!(w.is_woken(), "the early timer fires on the 100 ms tick");
+    assert_pending!(w.poll());
+    time::advance(Duration::from_nanos(999_999)).await;
+    assert!(!w.is_woken());
+    time::advance(Duration::from_nanos(1)).await;
+    assert!(
+        w.is_woken(),
+        "the timer for the turn fires on the 101 ms tick"
+    );
+    assert_ready_eq!(w.poll(), Ok(()));
+    assert_eq!(start.elapsed(), ms(101));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_tick_processed_after_the_turn_releases_the_waiter_then() {
+    // Due at 100.5 ms. In real time tokio processes a tick some way into
+    // the millisecond; here the 100 ms tick is processed at 100.5 ms (one
+    // jump of the clock): the early timer wakes the waiter, whose turn has
+    // come, so it proceeds then rather than on the 101 ms tick.
+    let f = funnel(Rate::every(Duration::from_micros(100_500)), 1);
+    let start = Instant::now();
+    assert_eq!(f.try_acquire(), Ok(()));
+    let mut w = task::spawn(f.acquire());
+    assert_pending!(w.poll());
+    time::advance(Duration::from_micros(100_500)).await;
+    assert!(w.is_woken());
+    assert_ready_eq!(w.poll(), Ok(()));
+    assert_eq!(start.elapsed(), Duration::from_micros(100_500));
+}
