@@ -703,6 +703,10 @@ impl Future for Waiter<'_> {
                 }
             }
         }
+        // Timers that fired while the turn kept moving later (a rate change
+        // in between): look again rather than wait for a wake that may not
+        // come.
+        cx.waker().wake_by_ref();
         Poll::Pending
     }
 }
