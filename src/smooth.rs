@@ -52,7 +52,7 @@ use std::fmt;
 use std::future::{Future, poll_fn};
 use std::pin::Pin;
 use std::pin::pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Poll, Waker};
 use std::time::Duration;
@@ -642,6 +642,11 @@ struct Core {
     inner: Mutex<Inner>,
     /// Set under the lock; read without it on the fast checks.
     closed: AtomicBool,
+    /// The state's next free ticket, in nanoseconds since the origin
+    /// (rounded up), published under the lock after every change: a
+    /// `try_acquire` that comes before it owes, and is refused without the
+    /// lock (see [`Core::try_acquire`]).
+    next_free: AtomicU64,
     /// Wakes sleeping waiters on close.
     closing: Notify,
     counters: Counters,
@@ -731,6 +736,7 @@ impl Core {
                 live: VecDeque::new(),
             }),
             closed: AtomicBool::new(false),
+            next_free: AtomicU64::new(0),
             closing: Notify::new(),
             counters: Counters::default(),
         }
@@ -814,6 +820,7 @@ impl Core {
                 }
             };
             let (previous, version) = inner.changed();
+            self.publish(&inner);
             let claim = Claim {
                 version,
                 previous,
@@ -933,11 +940,20 @@ impl Core {
         if n == 0 {
             return Ok(());
         }
+        let now = self.now();
+        // A caller that comes before the next free ticket owes: refused
+        // without the lock, with what the locked path would say (the ticket
+        // is after `now`, so after the arrival time too, which is never
+        // later). A ticket published a moment ago or about to move back
+        // reads as a refusal just before or after that change.
+        let owed = Duration::from_nanos(self.next_free.load(Ordering::Acquire));
+        if owed > now {
+            return self.refuse(n, owed.saturating_sub(now));
+        }
         let mut inner = self.lock();
         if self.is_closed() {
             return Err(TryAcquireError::Closed);
         }
-        let now = self.now();
         let at = inner.arrival(now);
         if inner
             .state
@@ -945,6 +961,7 @@ impl Core {
             .is_some()
         {
             inner.changed();
+            self.publish(&inner);
             drop(inner);
             self.counters.granted(n);
             tracing::trace!(limiter = self.kind, n, "granted");
@@ -952,10 +969,21 @@ impl Core {
         } else {
             let retry_after = inner.state.next_free().saturating_sub(now);
             drop(inner);
-            self.counters.refused();
-            tracing::trace!(limiter = self.kind, n, ?retry_after, "limited");
-            Err(TryAcquireError::Limited { retry_after })
+            self.refuse(n, retry_after)
         }
+    }
+
+    fn refuse(&self, n: u32, retry_after: Duration) -> Result<(), TryAcquireError> {
+        self.counters.refused();
+        tracing::trace!(limiter = self.kind, n, ?retry_after, "limited");
+        Err(TryAcquireError::Limited { retry_after })
+    }
+
+    /// Publishes the state's next free ticket for the lock-free refusals;
+    /// called under the lock after every change of the state.
+    fn publish(&self, inner: &Inner) {
+        self.next_free
+            .store(inner.state.next_free_nanos(), Ordering::Release);
     }
 
     fn set_rate(&self, permits_per_second: f64) -> Result<(), ConfigError> {
@@ -964,6 +992,7 @@ impl Core {
         let at = inner.arrival(now);
         inner.state.set_rate(at, permits_per_second)?;
         inner.changed();
+        self.publish(&inner);
         drop(inner);
         tracing::debug!(limiter = self.kind, permits_per_second, "rate changed");
         Ok(())
@@ -1035,12 +1064,14 @@ impl Core {
             if inner.version == claim.version {
                 inner.state = claim.before;
                 inner.version = claim.previous;
+                self.publish(&inner);
                 drop(inner);
                 tracing::trace!(limiter = self.kind, "cancelled: reservation withdrawn");
                 return;
             }
             let now = self.now();
             let given = inner.state.give_back(now, live.span);
+            self.publish(&inner);
             // Picoseconds; whole nanoseconds off the waiters' due times
             // (never earlier than their turn).
             let shift = Duration::from_nanos(u64::try_from(given / 1000).unwrap_or(u64::MAX));

@@ -533,6 +533,15 @@ impl SmoothState {
         nanos_to_duration(self.next_free.div_ceil(PS_PER_NS))
     }
 
+    /// [`next_free`](Self::next_free) in nanoseconds, `u64::MAX` beyond;
+    /// without a 128-bit division for the first 213 days.
+    pub(crate) fn next_free_nanos(&self) -> u64 {
+        match u64::try_from(self.next_free) {
+            Ok(picos) => picos.div_ceil(1000),
+            Err(_) => u64::try_from(self.next_free.div_ceil(PS_PER_NS)).unwrap_or(u64::MAX),
+        }
+    }
+
     /// The permits stored at `now` (idle time counted up to `now`, without
     /// changing the state): free ones for a bursty limiter, the cold ones
     /// for a warm-up limiter.
@@ -1205,5 +1214,28 @@ mod tests {
         // Its 250 ns would leave the ticket at 750 ns: rounded up, 1 µs.
         assert_eq!(fast.give_back(ms(0), x), 0);
         assert_eq!(fast.next_free(), us(1));
+    }
+
+    #[test]
+    fn next_free_nanos_agrees_with_next_free() {
+        let mut s = SmoothState::bursty(10.0, Duration::ZERO).unwrap();
+        let max = u128::from(u64::MAX);
+        for picos in [
+            0,
+            1,
+            999,
+            1000,
+            1001,
+            max - 1,
+            max,
+            max + 1,
+            max * 1000,
+            max * 1000 + 1,
+            LATEST,
+        ] {
+            s.next_free = picos;
+            let want = u64::try_from(s.next_free().as_nanos()).unwrap_or(u64::MAX);
+            assert_eq!(s.next_free_nanos(), want, "{picos} ps");
+        }
     }
 }
