@@ -37,20 +37,24 @@ pub struct Stats {
 }
 
 /// Counters bumped on the hot paths, striped over two cache lines so that
-/// two threads sharing a limiter rarely fight over one line.
+/// two threads sharing a limiter do not fight over one line.
 ///
-/// A thread always counts on the same stripe (chosen by its id). Each
-/// stripe is *owned* by the first thread that counts on it (for good: the
-/// owner never changes). The owner's counts have their own words that no
-/// other thread writes, so the owner adds with a plain load and store —
-/// exact, and without the locked read-modify-write that costs a few
-/// nanoseconds on every `try_acquire`. The other threads on that stripe add
-/// to its shared words with `fetch_add`, as every thread did before.
-/// Nothing is kept per thread outside the limiter, so a thread that exits
-/// loses no counts (its stripe's later threads just keep using
-/// `fetch_add`).
+/// Each stripe is *owned* by one thread, for good: the first two threads
+/// that count on a limiter claim one each (a thread tries the stripe its
+/// id points to first, then the other). The owner's counts have their own
+/// words that no other thread writes, so the owner adds with a plain load
+/// and store — exact, and without the locked read-modify-write that costs a
+/// few nanoseconds on every `try_acquire`. Any further thread adds to the
+/// shared words of the stripe its id points to with `fetch_add`. The owners
+/// sit on a line of their own, written only when claimed, so reading them
+/// on every call costs no miss. Nothing is kept per thread outside the
+/// limiter, so a thread that exits loses no counts (its stripe's later
+/// threads just keep using `fetch_add`).
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
+    /// Each stripe's owning thread's id (see [`thread_id`]); 0 while
+    /// unclaimed.
+    owners: Owners,
     stripes: [Stripe; STRIPES],
 }
 
@@ -58,9 +62,11 @@ const STRIPES: usize = 2;
 
 #[derive(Debug, Default)]
 #[repr(align(64))]
+struct Owners([AtomicU64; STRIPES]);
+
+#[derive(Debug, Default)]
+#[repr(align(64))]
 struct Stripe {
-    /// The owning thread's id (see [`thread_id`]); 0 while unclaimed.
-    owner: AtomicU64,
     /// The owner's counts: written by the owner only.
     owned: Pair,
     /// Everybody else's counts: read-modify-writes.
@@ -106,33 +112,46 @@ impl Counters {
     #[inline]
     fn add(&self, amount: u64, counter: impl Fn(&Pair) -> &AtomicU64) {
         let id = thread_id();
-        // Consecutive threads use different stripes. A thread only ever
-        // looks at its own stripe: reading another's owner word would pull
-        // in a line that its owner writes on every call.
         #[allow(clippy::cast_possible_truncation)]
-        let stripe = &self.stripes[id as usize % STRIPES];
-        match stripe.owner.load(Ordering::Relaxed) {
-            owner if owner == id => add_owned(counter(&stripe.owned), amount),
-            0 => Self::claim_and_add(stripe, id, amount, counter),
-            _ => {
-                counter(&stripe.shared).fetch_add(amount, Ordering::Relaxed);
-            }
+        let first = id as usize % STRIPES;
+        let second = (first + 1) % STRIPES;
+        let owners = &self.owners.0;
+        let owner = owners[first].load(Ordering::Relaxed);
+        if owner == id {
+            return add_owned(counter(&self.stripes[first].owned), amount);
+        }
+        let other = owners[second].load(Ordering::Relaxed);
+        if other == id {
+            add_owned(counter(&self.stripes[second].owned), amount);
+        } else if owner != 0 && other != 0 {
+            // Both taken (for good): no write to the owners' line.
+            counter(&self.stripes[first].shared).fetch_add(amount, Ordering::Relaxed);
+        } else {
+            self.claim_and_add(id, [first, second], amount, counter);
         }
     }
 
-    /// [`add`](Self::add) on a stripe nobody owned a moment ago: claims it,
-    /// or, if another thread was quicker, adds to the shared words.
+    /// [`add`](Self::add) by a thread that owns no stripe while one was
+    /// free a moment ago: claims it, or if another thread was quicker, adds
+    /// to the shared words of its first stripe.
     #[cold]
-    fn claim_and_add(stripe: &Stripe, id: u64, amount: u64, counter: impl Fn(&Pair) -> &AtomicU64) {
-        match stripe
-            .owner
-            .compare_exchange(0, id, Ordering::Relaxed, Ordering::Relaxed)
-        {
-            Ok(_) => add_owned(counter(&stripe.owned), amount),
-            Err(_) => {
-                counter(&stripe.shared).fetch_add(amount, Ordering::Relaxed);
+    fn claim_and_add(
+        &self,
+        id: u64,
+        order: [usize; 2],
+        amount: u64,
+        counter: impl Fn(&Pair) -> &AtomicU64,
+    ) {
+        for i in order {
+            if self.owners.0[i]
+                .compare_exchange(0, id, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+            {
+                add_owned(counter(&self.stripes[i].owned), amount);
+                return;
             }
         }
+        counter(&self.stripes[order[0]].shared).fetch_add(amount, Ordering::Relaxed);
     }
 
     /// The totals: (granted permits, refused requests).
@@ -196,9 +215,10 @@ mod tests {
         // Owned and shared words were both used.
         assert!(
             counters
-                .stripes
+                .owners
+                .0
                 .iter()
-                .all(|s| s.owner.load(Ordering::Relaxed) != 0)
+                .all(|owner| owner.load(Ordering::Relaxed) != 0)
         );
         assert!(
             counters
@@ -212,5 +232,31 @@ mod tests {
         });
         counters.refused();
         assert_eq!(counters.totals(), (granted + 5, refused + 1));
+    }
+
+    #[test]
+    fn the_first_two_threads_own_a_stripe_each_whatever_their_ids() {
+        let counters = Counters::default();
+        // Threads made one after another, with ids of the same parity or
+        // not: the two of them always end up owning both stripes.
+        for _ in 0..2 {
+            std::thread::scope(|scope| {
+                scope.spawn(|| {
+                    let _ = thread_id(); // an id taken in between
+                });
+            });
+            std::thread::scope(|scope| {
+                scope.spawn(|| counters.granted(1));
+            });
+        }
+        let owners: Vec<u64> = counters
+            .owners
+            .0
+            .iter()
+            .map(|owner| owner.load(Ordering::Relaxed))
+            .collect();
+        assert!(owners.iter().all(|&owner| owner != 0), "{owners:?}");
+        assert_ne!(owners[0], owners[1]);
+        assert_eq!(counters.totals(), (2, 0));
     }
 }
