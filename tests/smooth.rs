@@ -682,3 +682,52 @@ fn handles_and_futures_are_send_sync() {
     send(&w.acquire());
     send(&w.acquire_timeout(1, ms(1)));
 }
+
+/// 1e6 / 100 500 per second: Guava's stable interval is 100 500 µs
+/// (100 500.000…01 as a double, truncated).
+fn every_100_5_ms() -> SmoothBursty {
+    bursty(1e6 / 100_500.0)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_timer_looks_a_tick_before_its_turn() {
+    // Due at 100.5 ms: the waiter's timer is first armed a tick early (at
+    // 99.5 ms, fired on the 100 ms tick), finds its turn not come, and is
+    // armed for the turn, which tokio fires on the 101 ms tick.
+    let limiter = every_100_5_ms();
+    let start = Instant::now();
+    limiter.acquire().await.unwrap();
+    let mut w = task::spawn(limiter.acquire());
+    assert_pending!(w.poll());
+    time::advance(Duration::from_nanos(99_999_999)).await;
+    assert!(!w.is_woken());
+    time::advance(Duration::from_nanos(1)).await;
+    assert!(w.is_woken(), "the early timer fires on the 100 ms tick");
+    assert_pending!(w.poll());
+    time::advance(Duration::from_nanos(999_999)).await;
+    assert!(!w.is_woken());
+    time::advance(Duration::from_nanos(1)).await;
+    assert!(
+        w.is_woken(),
+        "the timer for the turn fires on the 101 ms tick"
+    );
+    assert_ready!(w.poll()).unwrap();
+    assert_eq!(start.elapsed(), ms(101));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_tick_processed_after_the_turn_releases_the_waiter_then() {
+    // In real time tokio processes a tick some way into the millisecond;
+    // here the 100 ms tick is processed at 100.5 ms (one jump of the
+    // clock): the early timer wakes the waiter, whose turn has come, so it
+    // goes then rather than on the 101 ms tick.
+    let limiter = every_100_5_ms();
+    let start = Instant::now();
+    limiter.acquire().await.unwrap();
+    let mut w = task::spawn(limiter.acquire());
+    assert_pending!(w.poll());
+    time::advance(Duration::from_micros(100_500)).await;
+    assert!(w.is_woken());
+    assert_ready!(w.poll()).unwrap();
+    assert_eq!(start.elapsed(), Duration::from_micros(100_500));
+}
