@@ -168,6 +168,42 @@ impl Hasher for Parts {
     }
 }
 
+/// Where to arm the timer that waits for a turn: first a tick before it,
+/// then (once that has fired and the turn has not come) at the turn itself.
+///
+/// tokio fires a timer on the first millisecond tick at or after its
+/// deadline, and in real time processes that tick some way into the
+/// millisecond (the lag drifts from 0 to 1 ms and wraps around). A timer
+/// armed at the turn fires on the tick after it, even when the turn came
+/// while the tick before was being processed. Armed a tick early, it fires
+/// on that tick, and the turn goes then if it has come; otherwise the timer
+/// is armed again for the turn (never a third time: no busy loop). So a
+/// turn is served by the first tick processed at or after it. In paused
+/// time, where ticks are processed on the millisecond, the early timer only
+/// ever finds the turn not yet come, and release instants are unchanged.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct TwoStep {
+    /// The turn whose early timer has fired.
+    early_fired: Option<Instant>,
+}
+
+impl TwoStep {
+    /// The deadline to arm for `turn`, and whether it is the early one.
+    pub(crate) fn deadline(&self, turn: Instant) -> (Instant, bool) {
+        match turn.checked_sub(TICK) {
+            Some(early) if self.early_fired != Some(turn) => (early, true),
+            _ => (turn, false),
+        }
+    }
+
+    /// The timer armed at `deadline(turn)` has fired.
+    pub(crate) fn fired(&mut self, turn: Instant, early: bool) {
+        if early {
+            self.early_fired = Some(turn);
+        }
+    }
+}
+
 /// A timer that fires at `deadline` (rounded up to the next tick).
 pub(crate) fn sleep_until(deadline: Instant) -> Sleep {
     tokio::time::sleep_until(deadline)

@@ -238,7 +238,7 @@ impl Engine {
             hold,
             done: false,
             sleep: None,
-            early_fired: None,
+            timer: clock::TwoStep::default(),
         };
         // The turn was within `max_wait` when it was reserved; a later
         // `set_rate` may push it out, so the deadline still stands.
@@ -595,30 +595,16 @@ fn wake_all(wakers: Vec<Waker>) {
 /// queue, armed only while someone waits. It ends when the last handle is
 /// dropped (the engine is gone) or the limiter is closed.
 ///
-/// # Why the timer is first armed a tick early
-///
-/// tokio fires a timer on the first millisecond tick at or after its
-/// deadline, and in real time that tick is processed some way into the
-/// millisecond (the lag drifts from 0 to 1 ms and wraps around). Each round
-/// releases every waiter due by the time it runs, which may include the
-/// next waiter, due after the tick but before the round. The timer armed
-/// for the waiter after that one then skips a tick (its deadline is past
-/// the next tick), and the round on the tick after next releases two again.
-/// At 1 000/s this gave pairs of releases with an empty tick between them
-/// whenever the lag exceeded the phase of the turns: lateness spread over
-/// ~1.8 ms instead of the 1 ms of one release per tick.
-///
-/// So the timer is first armed one tick before the turn: it fires on the
-/// tick just before the turn's own, and the round releases the waiter if
-/// its turn has come by then. If not, the timer is armed again for the
-/// turn itself (never a third time: no busy loop). A waiter is thus
-/// released by the first round at or after its turn, with a round on every
-/// tick while waiters are due.
+/// Its timer is armed in two steps, a tick before the first waiter's turn
+/// and then at the turn ([`clock::TwoStep`]): each round releases every
+/// waiter due by the time it runs, which may include one due after the
+/// tick but before the round; armed only at the turns, the timer for the
+/// waiter after it would then skip a tick, and at 1 000/s releases came in
+/// pairs with an empty tick between them (p99 lateness ~1.8 ms instead of
+/// ~1.1).
 async fn actor(engine: Weak<Engine>, notify: Arc<Notify>) {
     tracing::debug!("started");
-    // The turn whose early timer has fired, so that the next timer for it
-    // is armed for the turn itself.
-    let mut early_fired: Option<Instant> = None;
+    let mut timer = clock::TwoStep::default();
     loop {
         let next = match engine.upgrade() {
             Some(engine) => engine.drive(),
@@ -627,20 +613,17 @@ async fn actor(engine: Weak<Engine>, notify: Arc<Notify>) {
         match next {
             Drive::Stop => break,
             Drive::Idle => {
-                early_fired = None;
+                timer = clock::TwoStep::default();
                 notify.notified().await;
             }
             Drive::Until(turn) => {
-                let early = match turn.checked_sub(clock::TICK) {
-                    Some(early) if early_fired != Some(turn) => Some(early),
-                    _ => None,
-                };
-                let sleep = std::pin::pin!(clock::sleep_until(early.unwrap_or(turn)));
+                let (deadline, early) = timer.deadline(turn);
+                let sleep = std::pin::pin!(clock::sleep_until(deadline));
                 let woken = std::pin::pin!(notify.notified());
-                early_fired = match futures::future::select(sleep, woken).await {
-                    futures::future::Either::Left(_) => early.map(|_| turn),
-                    futures::future::Either::Right(_) => None,
-                };
+                match futures::future::select(sleep, woken).await {
+                    futures::future::Either::Left(_) => timer.fired(turn, early),
+                    futures::future::Either::Right(_) => timer = clock::TwoStep::default(),
+                }
             }
         }
     }
@@ -657,9 +640,8 @@ struct Waiter<'a> {
     done: bool,
     /// Waiters of a limiter without an actor keep their own timer.
     sleep: Option<Pin<Box<Sleep>>>,
-    /// The turn whose early timer has fired (see [`actor`]: a waiter's
-    /// own timer is armed the same way).
-    early_fired: Option<Instant>,
+    /// How its own timer is armed (as the actor's, see [`actor`]).
+    timer: clock::TwoStep,
 }
 
 impl Future for Waiter<'_> {
@@ -679,15 +661,7 @@ impl Future for Waiter<'_> {
                     if this.engine.actor.is_some() {
                         return Poll::Pending;
                     }
-                    // Like the actor's timer: first a tick before the turn,
-                    // so that the waiter behind one released early (due
-                    // between a tick and the moment it is processed) still
-                    // gets a round on the next tick.
-                    let early = match turn.checked_sub(clock::TICK) {
-                        Some(early) if this.early_fired != Some(turn) => Some(early),
-                        _ => None,
-                    };
-                    let deadline = early.unwrap_or(turn);
+                    let (deadline, early) = this.timer.deadline(turn);
                     let sleep = this
                         .sleep
                         .get_or_insert_with(|| Box::pin(clock::sleep_until(deadline)));
@@ -697,9 +671,7 @@ impl Future for Waiter<'_> {
                     if sleep.as_mut().poll(cx).is_pending() {
                         return Poll::Pending;
                     }
-                    if early.is_some() {
-                        this.early_fired = Some(turn);
-                    }
+                    this.timer.fired(turn, early);
                 }
             }
         }

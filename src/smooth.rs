@@ -888,8 +888,7 @@ impl Core {
             Closed,
         }
         let mut timer = pin!(clock::sleep_until(self.origin.instant()));
-        // The turn whose early timer has fired (see below).
-        let mut early_fired = None;
+        let mut two_step = clock::TwoStep::default();
         loop {
             let due = {
                 let mut inner = self.lock();
@@ -902,23 +901,17 @@ impl Core {
             if due.is_some_and(|due| due <= self.now()) {
                 return true;
             }
-            // The timer is first armed a tick before the turn: tokio fires
-            // a timer on the first tick at or after its deadline, and in
-            // real time processes a tick some way into the millisecond, so
-            // a turn that falls between a tick and the moment it is
-            // processed goes then rather than a tick later (as the bucket
-            // limiters' timers do; see `engine::actor`). If the turn has not
-            // come when it fires, the timer is armed for the turn itself.
-            let early = due
-                .filter(|&due| early_fired != Some(due))
-                .and_then(|due| due.checked_sub(clock::TICK));
-            // `None`: never due; only a close or a move ends the wait.
-            let deadline = early
-                .or(due)
-                .and_then(|at| self.origin.instant().checked_add(at));
-            if let Some(deadline) = deadline {
-                timer.as_mut().reset(deadline);
-            }
+            // `None`: never due; only a close or a move ends the wait. Armed
+            // in two steps, as the bucket limiters' timers ([`clock::TwoStep`]).
+            let turn = due.and_then(|due| self.origin.instant().checked_add(due));
+            let (deadline, early) = match turn {
+                Some(turn) => {
+                    let (deadline, early) = two_step.deadline(turn);
+                    timer.as_mut().reset(deadline);
+                    (Some(deadline), early)
+                }
+                None => (None, false),
+            };
             let woke = poll_fn(|cx| {
                 if closing.as_mut().poll(cx).is_ready() {
                     return Poll::Ready(Woke::Closed);
@@ -940,8 +933,10 @@ impl Core {
             })
             .await;
             match woke {
-                Woke::Due if early.is_some() => early_fired = due,
-                Woke::Due => return true,
+                Woke::Due => match turn {
+                    Some(turn) if early => two_step.fired(turn, early),
+                    _ => return true,
+                },
                 Woke::Closed => return false,
                 Woke::Moved => {}
             }
