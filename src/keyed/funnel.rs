@@ -4,22 +4,30 @@
 //!
 //! A funnel's whole state is its theoretical arrival time `tat`, in the
 //! exact scaled units of [`crate::algorithm`]. Stored absolutely it needs
-//! up to 100 bits; per key that would double the map's memory. But a key's
-//! `tat` only matters while it is ahead of `now` by at most the bucket's
-//! depth τ (`capacity × interval`), so each key keeps just `tat mod 2⁶⁴` and
-//! reads it back relative to `now`: `d = (word − now) mod 2⁶⁴`, as a signed
-//! number. `0 < d ≤ τ` is water still in the funnel; anything else — `d ≤ 0`,
-//! or `d > τ`, which only a key idle for ages can show after the difference
-//! wraps — is an empty funnel. Every successful pour leaves `tat ≤ now + τ`
-//! (a meter never pours past its capacity), so a live key is never misread.
+//! up to 100 bits; per key that would double the map's memory. So each key
+//! keeps just `tat mod 2⁶⁴` and reads it back relative to its shard's
+//! *epoch* `e`, the time of the shard's last sweep (see `map.rs`):
+//! `tat = e + d`, with `d = (word − e) mod 2⁶⁴` read as a signed number.
+//! That is exact while every stored `tat` lies within 2⁶³ units of `e`:
+//!
+//! * above: a pour leaves `tat ≤ now + τ`, and no key is poured more than
+//!   the horizon `H = 2⁶²` units after its shard's epoch (the map sweeps the
+//!   shard first, which moves the epoch to that `now`); with `τ ≤ 2⁵⁶`,
+//!   `tat − e ≤ H + τ < 2⁶³`, however long the key then idles;
+//! * below: a sweep at `e` leaves only keys with `tat > e`, and later pours
+//!   leave `tat ≥` the pourer's `now`, which is older than `e` only by how
+//!   long a thread held a stale `now` — never near 2⁶³ units.
+//!
+//! The decoding does not depend on the caller's `now`, so a thread whose
+//! `now` is older than another's pour reads the water that pour left (it
+//! then judges at its own, earlier, `now`, which only overstates the water).
 //! The decisions themselves are the same `Params::try_pour` the other
 //! limiters use: the same numbers as [`Funnel`](crate::Funnel).
 //!
-//! The encoding needs τ well below 2⁶³ and a wrap period (2⁶⁴ scaled units)
-//! long compared with how often idle keys are swept; for rates whose exact
-//! interval needs a very fine scale (a denominator above 2²⁰ in lowest
-//! terms) or buckets deeper than 2⁵⁶ units, keys keep the absolute 128-bit
-//! `tat` instead (twice the memory, no wrap at all).
+//! For rates whose exact interval needs a very fine scale (a denominator
+//! above 2²⁰ in lowest terms, where 2⁶² units would be under 73 minutes) or
+//! buckets deeper than 2⁵⁶ units, keys keep the absolute 128-bit `tat`
+//! instead (twice the memory, no epoch needed).
 
 use std::borrow::Borrow;
 use std::collections::hash_map::RandomState;
@@ -225,11 +233,13 @@ where
         }
         // Amortized sweeps of one shard at most this often.
         let gap = self.sweep_interval / 8;
+        let origin = clock::Origin::now();
         let narrow = params.tau() <= 1 << 56 && params.den() <= 1 << 20;
+        let hasher = self.hasher.clone();
         let words = if narrow {
-            Words::Narrow(ShardMap::new(self.hasher.clone(), self.max_keys, gap))
+            Words::Narrow(map(&params, hasher, self.max_keys, gap, origin))
         } else {
-            Words::Wide(ShardMap::new(self.hasher.clone(), self.max_keys, gap))
+            Words::Wide(map(&params, hasher, self.max_keys, gap, origin))
         };
         let runtime = tokio::runtime::Handle::try_current()
             .ok()
@@ -238,17 +248,13 @@ where
         let inner = Arc::new(Inner {
             params,
             rate,
-            origin: clock::Origin::now(),
+            origin,
             words,
             sweeper: notify.clone(),
             counters: Counters::default(),
         });
         if let (Some(runtime), Some(notify)) = (runtime, notify) {
-            // Idle keys must go long before their word could wrap.
-            let wrap = Duration::from_nanos(
-                u64::try_from((1u128 << 62) / u128::from(params.den())).unwrap_or(u64::MAX),
-            );
-            let interval = self.sweep_interval.min(wrap);
+            let interval = self.sweep_interval;
             let weak: Weak<dyn Sweep> = Arc::downgrade(&inner) as Weak<dyn Sweep>;
             spawn_sweeper(&runtime, weak, notify, interval, "keyed_funnel");
         }
@@ -258,51 +264,63 @@ where
 
 /// A stored `tat`, and how to read and swap it.
 trait Word: Send + Sync + 'static {
+    /// The horizon of the map (see the module docs), in scaled units.
+    const HORIZON: u128;
     fn new(tat: u128) -> Self;
-    /// The raw word and the `tat` it stands for at `now`.
-    fn read(&self, params: &Params, now: u128) -> (u128, u128);
+    /// The raw word and the `tat` it stands for, given its shard's epoch
+    /// in scaled units.
+    fn read(&self, epoch: u128) -> (u128, u128);
     fn replace(&self, raw: u128, tat: u128) -> bool;
 }
 
 impl Word for AtomicU64 {
+    const HORIZON: u128 = 1 << 62;
+
     fn new(tat: u128) -> Self {
-        // Keep the low 64 bits: the word is read relative to `now`.
-        #[allow(clippy::cast_possible_truncation)]
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "the low 64 bits are kept: the word is read relative to an epoch"
+        )]
         AtomicU64::new(tat as u64)
     }
 
     #[inline]
-    #[allow(clippy::cast_possible_truncation)]
-    fn read(&self, params: &Params, now: u128) -> (u128, u128) {
+    fn read(&self, epoch: u128) -> (u128, u128) {
         let raw = self.load(Ordering::Acquire);
-        // The signed distance from now, modulo 2⁶⁴: water ahead if positive
-        // and no deeper than the bucket.
-        let ahead = raw.wrapping_sub(now as u64);
-        let tat = if ahead != 0 && ahead < 1 << 63 && u128::from(ahead) <= params.tau() {
-            now + u128::from(ahead)
-        } else {
-            now
-        };
-        (u128::from(raw), tat)
+        #[expect(
+            clippy::cast_possible_truncation,
+            clippy::cast_possible_wrap,
+            reason = "the signed distance from the epoch, modulo 2⁶⁴"
+        )]
+        let ahead = raw.wrapping_sub(epoch as u64) as i64;
+        (
+            u128::from(raw),
+            epoch.saturating_add_signed(i128::from(ahead)),
+        )
     }
 
     #[inline]
     fn replace(&self, raw: u128, tat: u128) -> bool {
-        #[allow(clippy::cast_possible_truncation)]
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "raw came from a u64; tat keeps its low 64 bits"
+        )]
         self.compare_exchange_weak(raw as u64, tat as u64, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
     }
 }
 
 impl Word for AtomicU128 {
+    const HORIZON: u128 = u128::MAX;
+
     fn new(tat: u128) -> Self {
         AtomicU128::new(tat)
     }
 
     #[inline]
-    fn read(&self, _: &Params, now: u128) -> (u128, u128) {
+    fn read(&self, _: u128) -> (u128, u128) {
         let raw = self.load(Ordering::Acquire);
-        (raw, raw.max(now))
+        (raw, raw)
     }
 
     #[inline]
@@ -312,14 +330,65 @@ impl Word for AtomicU128 {
     }
 }
 
+/// The map of `W` words for `params`: its horizon in ns.
+fn map<K, W: Word, S>(
+    params: &Params,
+    hasher: S,
+    max_keys: usize,
+    sweep_gap: Duration,
+    origin: clock::Origin,
+) -> ShardMap<K, W, S>
+where
+    K: Hash + Eq,
+    S: BuildHasher,
+{
+    let horizon = u64::try_from(W::HORIZON / u128::from(params.den())).unwrap_or(u64::MAX);
+    ShardMap::new(hasher, max_keys, sweep_gap, origin, horizon)
+}
+
+/// The meter's decision on one key's word, at `now` (scaled), in a shard
+/// whose epoch is `epoch` (scaled).
+#[inline]
+fn decide<W: Word>(
+    params: &Params,
+    w: &W,
+    epoch: u128,
+    now: u128,
+    n: u32,
+) -> Result<(), TryAcquireError> {
+    loop {
+        let (raw, tat) = w.read(epoch);
+        match params.try_pour(tat, now, n) {
+            Ok(end) => {
+                if w.replace(raw, end) {
+                    return Ok(());
+                }
+            }
+            Err(wait) => {
+                return Err(TryAcquireError::Limited {
+                    retry_after: params.duration_ceil(wait),
+                });
+            }
+        }
+    }
+}
+
+/// Whether a word stands for an empty funnel at `now` (scaled).
+fn is_drained<W: Word>(w: &W, epoch: u128, now: u128) -> bool {
+    w.read(epoch).1 <= now
+}
+
 impl<K, S> Inner<K, S>
 where
     K: Hash + Eq,
     S: BuildHasher,
 {
-    fn now(&self) -> u128 {
-        self.params
-            .scale_nanos(u128::from(self.origin.elapsed_nanos()))
+    fn now_nanos(&self) -> u64 {
+        self.origin.elapsed_nanos()
+    }
+
+    fn scaled(&self, nanos: u64) -> u128 {
+        self.params.scale_nanos(u128::from(nanos))
     }
 
     fn try_acquire<Q>(&self, key: &Q, n: u32) -> Result<(), TryAcquireError>
@@ -335,11 +404,17 @@ where
         if n == 0 {
             return Ok(());
         }
-        let now = self.now();
+        let now_nanos = self.now_nanos();
+        let now = self.scaled(now_nanos);
+        let params = &self.params;
         // An existing key: a read lock and one compare-and-swap.
         let known = match &self.words {
-            Words::Narrow(map) => map.get(key, |w| self.decide(w, now, n)),
-            Words::Wide(map) => map.get(key, |w| self.decide(w, now, n)),
+            Words::Narrow(map) => map.update(key, now_nanos, |w, epoch| {
+                decide(params, w, self.scaled(epoch), now, n)
+            }),
+            Words::Wide(map) => map.update(key, now_nanos, |w, epoch| {
+                decide(params, w, self.scaled(epoch), now, n)
+            }),
         };
         if let Some(result) = known {
             match result {
@@ -349,8 +424,8 @@ where
             return result;
         }
         let outcome = match &self.words {
-            Words::Narrow(map) => self.pour(map, key, now, n),
-            Words::Wide(map) => self.pour(map, key, now, n),
+            Words::Narrow(map) => self.pour(map, key, now_nanos, n),
+            Words::Wide(map) => self.pour(map, key, now_nanos, n),
         };
         match outcome {
             Ok((result, first)) => {
@@ -375,7 +450,7 @@ where
         &self,
         map: &ShardMap<K, W, S>,
         key: &Q,
-        now: u128,
+        now_nanos: u64,
         n: u32,
     ) -> Result<(Result<(), TryAcquireError>, bool), Unavailable>
     where
@@ -383,51 +458,30 @@ where
         Q: Hash + Eq + ToOwned + ?Sized,
         Q::Owned: Into<K>,
     {
-        let params = &self.params;
+        let now = self.scaled(now_nanos);
         map.get_or_insert(
             key,
+            || now_nanos,
             || Some(W::new(now)),
-            |w| w.read(params, now).1 <= now,
+            |w, epoch| is_drained(w, self.scaled(epoch), now),
             false,
-            |w| self.decide(w, now, n),
+            |w, epoch| decide(&self.params, w, self.scaled(epoch), now, n),
         )
     }
 
-    /// The meter's decision on one key's word.
-    #[inline]
-    fn decide<W: Word>(&self, w: &W, now: u128, n: u32) -> Result<(), TryAcquireError> {
-        let params = &self.params;
-        loop {
-            let (raw, tat) = w.read(params, now);
-            match params.try_pour(tat, now, n) {
-                Ok(end) => {
-                    if w.replace(raw, end) {
-                        return Ok(());
-                    }
-                }
-                Err(wait) => {
-                    return Err(TryAcquireError::Limited {
-                        retry_after: params.duration_ceil(wait),
-                    });
-                }
-            }
-        }
-    }
-
-    /// `key`'s `tat` now (`now` itself for a key not held: an empty
-    /// funnel), and `now`.
+    /// `key`'s `tat` now (`now` itself for a key not held or drained: an
+    /// empty funnel), and `now`.
     fn tat<Q>(&self, key: &Q) -> (u128, u128)
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let now = self.now();
-        let params = &self.params;
+        let now = self.scaled(self.now_nanos());
         let tat = match &self.words {
-            Words::Narrow(map) => map.get(key, |w| w.read(params, now).1),
-            Words::Wide(map) => map.get(key, |w| w.read(params, now).1),
+            Words::Narrow(map) => map.get(key, |w, epoch| w.read(self.scaled(epoch)).1),
+            Words::Wide(map) => map.get(key, |w, epoch| w.read(self.scaled(epoch)).1),
         };
-        (tat.unwrap_or(now), now)
+        (tat.unwrap_or(now).max(now), now)
     }
 
     fn wake_sweeper(&self) {
@@ -452,11 +506,15 @@ where
     S: BuildHasher + Send + Sync + 'static,
 {
     fn sweep(&self) -> usize {
-        let now = self.now();
-        let params = &self.params;
+        let now_nanos = self.now_nanos();
+        let now = self.scaled(now_nanos);
         match &self.words {
-            Words::Narrow(map) => map.sweep_all(|w| w.read(params, now).1 <= now),
-            Words::Wide(map) => map.sweep_all(|w| w.read(params, now).1 <= now),
+            Words::Narrow(map) => {
+                map.sweep_all(now_nanos, |w, epoch| is_drained(w, self.scaled(epoch), now))
+            }
+            Words::Wide(map) => {
+                map.sweep_all(now_nanos, |w, epoch| is_drained(w, self.scaled(epoch), now))
+            }
         }
     }
 }
@@ -676,23 +734,58 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_narrow_word_reads_relative_to_now() {
-        let params = Params::new(Rate::per_second(10), 3).unwrap(); // τ = 300 ms
-        let tau = params.tau();
-        let now = (5u128 << 64) + 12_345; // far past 2⁶⁴: only the low bits are kept
-        for (tat, expected) in [
-            (now + 1, now + 1),
-            (now + tau, now + tau),
-            (now, now),
-            (now - 1, now),                   // drained
-            (now - (1 << 40), now),           // long drained
-            (now - (1 << 63), now),           // drained half a wrap ago
-            (now - (1 << 64) + tau + 1, now), // a wrap ago: reads τ + 1 ahead
-            (now + tau + 1, now),             // impossible for a meter: treated as drained
+    fn the_narrow_word_reads_relative_to_its_epoch() {
+        let epoch = (5u128 << 64) + 12_345; // far past 2⁶⁴: only the low bits are kept
+        let horizon = <AtomicU64 as Word>::HORIZON;
+        for tat in [
+            epoch,
+            epoch + 1,
+            epoch - 1,
+            epoch - (1 << 40),           // poured with a `now` older than the sweep
+            epoch + (1 << 40),           // poured long after the sweep
+            epoch + horizon + (1 << 56), // poured at the horizon, a full bucket deep
+            epoch + (1 << 63) - 6,       // the edges of the signed window
+            epoch - (1 << 63),
         ] {
             let w = <AtomicU64 as Word>::new(tat);
-            assert_eq!(w.read(&params, now).1, expected, "tat {tat}");
-            assert!(w.replace(w.read(&params, now).0, tat + 5));
+            assert_eq!(w.read(epoch).1, tat, "tat {tat}");
+            assert!(w.replace(w.read(epoch).0, tat + 5));
+            assert_eq!(w.read(epoch).1, tat + 5);
+        }
+    }
+
+    #[test]
+    fn a_stale_now_sees_a_later_pour() {
+        // One thread reads the clock, another reads it later and fills the
+        // funnel; the first then decides: the funnel is full for it too.
+        let params = Params::new(Rate::per_second(10), 3).unwrap(); // τ = 300 ms
+        let epoch = 7u128 << 64;
+        let later = epoch + 1_000_000_000;
+        let w = <AtomicU64 as Word>::new(epoch);
+        assert_eq!(decide(&params, &w, epoch, later, 3), Ok(()));
+        for stale in [later - 1, later - 1_000_000, epoch] {
+            assert!(
+                matches!(
+                    decide(&params, &w, epoch, stale, 1),
+                    Err(TryAcquireError::Limited { .. })
+                ),
+                "at {stale}"
+            );
+        }
+        assert_eq!(w.read(epoch).1, later + params.tau());
+    }
+
+    #[test]
+    fn a_key_idle_for_wraps_reads_as_drained() {
+        let params = Params::new(Rate::per_second(999_983), 999_983).unwrap();
+        let epoch = 0;
+        let w = <AtomicU64 as Word>::new(0);
+        assert_eq!(decide(&params, &w, epoch, 0, 999_983), Ok(()));
+        for wraps in [1u128, 2, 3, 1000] {
+            for now in [(wraps << 64) + 1, (wraps << 64) - params.tau() + 1] {
+                assert!(is_drained(&w, epoch, now), "{wraps} wraps");
+                assert_eq!(params.available(w.read(epoch).1.max(now), now), 999_983);
+            }
         }
     }
 

@@ -12,7 +12,7 @@ use tokio::sync::Notify;
 use super::map::{ShardMap, Unavailable};
 use super::{KeyedStats, Sweep, spawn_sweeper};
 use crate::stats::Counters;
-use crate::{AcquireError, ConfigError, Limiter, TryAcquireError};
+use crate::{AcquireError, ConfigError, Limiter, TryAcquireError, clock};
 
 type Factory<L> = dyn Fn() -> Result<L, ConfigError> + Send + Sync;
 
@@ -198,7 +198,13 @@ where
             .filter(|_| self.background_sweep)
             .map(|_| Arc::new(Notify::new()));
         let inner = Arc::new(Inner {
-            map: ShardMap::new(self.hasher.clone(), self.max_keys, self.sweep_interval / 8),
+            map: ShardMap::new(
+                self.hasher.clone(),
+                self.max_keys,
+                self.sweep_interval / 8,
+                clock::Origin::now(),
+                u64::MAX,
+            ),
             factory: Box::new(move || factory()),
             runtime: runtime.clone(),
             sweeper: notify.clone(),
@@ -245,9 +251,14 @@ where
         Q: Hash + Eq + ToOwned + ?Sized,
         Q::Owned: Into<K>,
     {
-        let (out, first) = self
-            .map
-            .get_or_insert(key, || self.make(), L::is_fresh, force, f)?;
+        let (out, first) = self.map.get_or_insert(
+            key,
+            || self.map.now_nanos(),
+            || self.make(),
+            |limiter, _| limiter.is_fresh(),
+            force,
+            |limiter, _| f(limiter),
+        )?;
         if first {
             if let Some(notify) = &self.sweeper {
                 notify.notify_one();
@@ -264,7 +275,8 @@ where
     S: BuildHasher + Send + Sync + 'static,
 {
     fn sweep(&self) -> usize {
-        self.map.sweep_all(L::is_fresh)
+        self.map
+            .sweep_all(self.map.now_nanos(), |limiter, _| limiter.is_fresh())
     }
 }
 

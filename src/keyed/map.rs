@@ -21,6 +21,17 @@
 //!
 //! Eviction runs under the shard's write lock, so no decision on the key is
 //! in flight while it is judged fresh.
+//!
+//! # Epochs
+//!
+//! Each shard remembers when it was last swept, its *epoch*, and hands it to
+//! every callback with the key's value. A sweep at time `t` leaves only keys
+//! whose state is still live at `t`, so a value that encodes a time relative
+//! to something (the keyed funnel keeps its `tat` modulo 2⁶⁴) can be decoded
+//! relative to the epoch, whatever `now` a caller holds and however long the
+//! key idled. A map built with a `horizon` keeps every shard's epoch recent:
+//! a shard whose epoch is more than `horizon` old is swept before the next
+//! update of any of its keys.
 
 use std::borrow::Borrow;
 use std::hash::{BuildHasher, Hash};
@@ -29,7 +40,6 @@ use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
 use hashbrown::HashTable;
-use tokio::time::Instant;
 
 use crate::clock;
 
@@ -54,8 +64,25 @@ pub struct KeyedStats {
 struct Shard<K, V> {
     table: RwLock<HashTable<(K, V)>>,
     /// When this shard was last swept (ns since the map's origin + 1; 0 =
-    /// never).
+    /// never). Written under the table's write lock, so a reader holding
+    /// the read lock sees the sweep its table reflects.
     last_sweep: AtomicU64,
+}
+
+impl<K, V> Shard<K, V> {
+    /// When this shard was last swept, in ns since the map's origin; the
+    /// origin itself for a shard never swept (no key is older than that).
+    fn epoch(&self) -> u64 {
+        self.last_sweep.load(Ordering::Relaxed).saturating_sub(1)
+    }
+
+    /// How long ago, at `now`, this shard was last swept.
+    fn since_sweep(&self, now: u64) -> Duration {
+        match self.last_sweep.load(Ordering::Relaxed) {
+            0 => Duration::MAX,
+            last => Duration::from_nanos(now.saturating_sub(last - 1)),
+        }
+    }
 }
 
 /// Why a new key could not be added.
@@ -77,9 +104,12 @@ pub(crate) struct ShardMap<K, V, S> {
     max_keys: usize,
     evicted: AtomicU64,
     refused: AtomicU64,
-    origin: Instant,
+    origin: clock::Origin,
     /// The least time between two amortized sweeps of one shard.
     sweep_gap: Duration,
+    /// The oldest a shard's epoch may be when one of its keys is updated, in
+    /// ns (`u64::MAX`: any age).
+    horizon: u64,
 }
 
 fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
@@ -111,7 +141,15 @@ where
     K: Hash + Eq,
     S: BuildHasher,
 {
-    pub(crate) fn new(hasher: S, max_keys: usize, sweep_gap: Duration) -> Self {
+    /// A map whose times are ns since `origin`; see the module docs for
+    /// `horizon` (ns, `u64::MAX` for none).
+    pub(crate) fn new(
+        hasher: S,
+        max_keys: usize,
+        sweep_gap: Duration,
+        origin: clock::Origin,
+        horizon: u64,
+    ) -> Self {
         // Four shards per core keeps writers on different keys apart.
         let cores = std::thread::available_parallelism().map_or(4, usize::from);
         let shards = (cores * 4).next_power_of_two().clamp(4, 1024);
@@ -135,8 +173,9 @@ where
             max_keys,
             evicted: AtomicU64::new(0),
             refused: AtomicU64::new(0),
-            origin: clock::now(),
+            origin,
             sweep_gap,
+            horizon,
         }
     }
 
@@ -150,34 +189,60 @@ where
         &self.shards[(hash >> self.shift) as usize]
     }
 
-    /// Runs `f` on the value of an existing key, under the shard's read
-    /// lock: the hot path, kept free of the insertion machinery.
-    #[inline]
-    pub(crate) fn get<Q, R>(&self, key: &Q, f: impl FnOnce(&V) -> R) -> Option<R>
+    /// Runs `f` on the value of an existing key and its shard's epoch, under
+    /// the shard's read lock, to read it.
+    pub(crate) fn get<Q, R>(&self, key: &Q, f: impl FnOnce(&V, u64) -> R) -> Option<R>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
         let hash = self.hash(key);
-        let table = read(&self.shard(hash).table);
+        let shard = self.shard(hash);
+        let table = read(&shard.table);
         table
             .find(hash, |(k, _)| k.borrow() == key)
-            .map(|(_, v)| f(v))
+            .map(|(_, v)| f(v, shard.epoch()))
     }
 
-    /// Runs `f` on the value of `key`, inserting `make()` first if the key is
-    /// new (`true` in the answer when that made the map non-empty). A new key
-    /// past `max_keys` is refused unless `force`.
+    /// Runs `f` on the value of an existing key and its shard's epoch, under
+    /// the shard's read lock, to update it at `now` (ns since the origin):
+    /// the hot path, kept free of the insertion machinery. `None` when the
+    /// key is not held, or when its shard must be swept first
+    /// ([`get_or_insert`](Self::get_or_insert) does that).
+    #[inline]
+    pub(crate) fn update<Q, R>(&self, key: &Q, now: u64, f: impl FnOnce(&V, u64) -> R) -> Option<R>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let hash = self.hash(key);
+        let shard = self.shard(hash);
+        let table = read(&shard.table);
+        let epoch = shard.epoch();
+        if now.saturating_sub(epoch) > self.horizon {
+            return None;
+        }
+        table
+            .find(hash, |(k, _)| k.borrow() == key)
+            .map(|(_, v)| f(v, epoch))
+    }
+
+    /// Runs `f` on the value of `key` and its shard's epoch to update it at
+    /// `now()` (ns since the origin, read only when a sweep may be due),
+    /// inserting `make()` first if the key is new (`true` in the answer when
+    /// that made the map non-empty). A new key past `max_keys` is refused
+    /// unless `force`.
     ///
     /// `is_fresh` judges whether an entry may be evicted (when a sweep is
-    /// due); `on_first` is called when the map goes from empty to not.
+    /// due), given its shard's epoch before the sweep.
     pub(crate) fn get_or_insert<Q, R>(
         &self,
         key: &Q,
+        now: impl Fn() -> u64,
         make: impl FnOnce() -> Option<V>,
-        is_fresh: impl FnMut(&V) -> bool,
+        is_fresh: impl FnMut(&V, u64) -> bool,
         force: bool,
-        f: impl FnOnce(&V) -> R,
+        f: impl FnOnce(&V, u64) -> R,
     ) -> Result<(R, bool), Unavailable>
     where
         K: Borrow<Q>,
@@ -189,22 +254,28 @@ where
         let mut f = Some(f);
         {
             let table = read(&shard.table);
-            if let Some((_, v)) = table.find(hash, |(k, _)| k.borrow() == key) {
-                return Ok(((f.take().expect("once"))(v), false));
+            let epoch = shard.epoch();
+            if self.horizon == u64::MAX || now().saturating_sub(epoch) <= self.horizon {
+                if let Some((_, v)) = table.find(hash, |(k, _)| k.borrow() == key) {
+                    return Ok(((f.take().expect("once"))(v, epoch), false));
+                }
             }
         }
         let mut table = write(&shard.table);
-        if let Some((_, v)) = table.find(hash, |(k, _)| k.borrow() == key) {
-            return Ok(((f.take().expect("once"))(v), false));
-        }
-        let full = self.len() >= self.max_keys;
-        if full || table.len() == table.capacity() {
+        let now = now();
+        if now.saturating_sub(shard.epoch()) > self.horizon {
+            self.sweep_locked(shard, &mut table, now, is_fresh, Sweeping::Now);
+        } else if self.len() >= self.max_keys || table.len() == table.capacity() {
             // Make room from fresh keys before growing or refusing.
-            self.sweep_locked(shard, &mut table, is_fresh, false);
+            self.sweep_locked(shard, &mut table, now, is_fresh, Sweeping::IfDue);
+        }
+        let epoch = shard.epoch();
+        if let Some((_, v)) = table.find(hash, |(k, _)| k.borrow() == key) {
+            return Ok(((f.take().expect("once"))(v, epoch), false));
         }
         if !force && self.len() >= self.max_keys {
             self.refused.fetch_add(1, Ordering::Relaxed);
-            let since = self.since_sweep(shard);
+            let since = shard.since_sweep(now);
             return Err(Unavailable::Refused {
                 retry_after: self.sweep_gap.saturating_sub(since).max(clock::TICK),
             });
@@ -216,42 +287,36 @@ where
             hasher.hash_one(k)
         });
         let (_, v) = entry.get();
-        Ok(((f.take().expect("once"))(v), first))
+        Ok(((f.take().expect("once"))(v, epoch), first))
     }
 
-    fn now_nanos(&self) -> u64 {
-        u64::try_from(
-            clock::now()
-                .saturating_duration_since(self.origin)
-                .as_nanos(),
-        )
-        .unwrap_or(u64::MAX - 1)
+    /// Now, in ns since the map's origin.
+    pub(crate) fn now_nanos(&self) -> u64 {
+        self.origin.elapsed_nanos()
     }
 
-    fn since_sweep(&self, shard: &Shard<K, V>) -> Duration {
-        match shard.last_sweep.load(Ordering::Relaxed) {
-            0 => Duration::MAX,
-            last => Duration::from_nanos(self.now_nanos().saturating_sub(last - 1)),
-        }
-    }
-
-    /// Evicts the fresh entries of a locked shard, unless it was swept less
-    /// than `sweep_gap` ago (and not `forced`). Returns how many went.
+    /// Evicts the fresh entries of a locked shard at `now`, unless the sweep
+    /// is only `IfDue` and the shard was swept less than `sweep_gap` ago.
+    /// Returns how many went.
     fn sweep_locked(
         &self,
         shard: &Shard<K, V>,
         table: &mut HashTable<(K, V)>,
-        mut is_fresh: impl FnMut(&V) -> bool,
-        forced: bool,
+        now: u64,
+        mut is_fresh: impl FnMut(&V, u64) -> bool,
+        when: Sweeping,
     ) -> usize {
-        if !forced && self.since_sweep(shard) < self.sweep_gap {
+        if when == Sweeping::IfDue && shard.since_sweep(now) < self.sweep_gap {
             return 0;
         }
+        // Judge every entry by the epoch it was written under, then move the
+        // epoch: what stays is live at `now`.
+        let epoch = shard.epoch();
+        let before = table.len();
+        table.retain(|(_, v)| !is_fresh(v, epoch));
         shard
             .last_sweep
-            .store(self.now_nanos() + 1, Ordering::Relaxed);
-        let before = table.len();
-        table.retain(|(_, v)| !is_fresh(v));
+            .store(now.max(epoch).saturating_add(1), Ordering::Relaxed);
         let evicted = before - table.len();
         if evicted > 0 {
             self.count.fetch_sub(evicted, Ordering::Relaxed);
@@ -265,14 +330,24 @@ where
         evicted
     }
 
-    /// Sweeps every shard now; returns the keys left.
-    pub(crate) fn sweep_all(&self, mut is_fresh: impl FnMut(&V) -> bool) -> usize {
+    /// Sweeps every shard at `now` (ns since the origin); returns the keys
+    /// left.
+    pub(crate) fn sweep_all(&self, now: u64, mut is_fresh: impl FnMut(&V, u64) -> bool) -> usize {
         for shard in &self.shards {
             let mut table = write(&shard.table);
-            self.sweep_locked(shard, &mut table, &mut is_fresh, true);
+            self.sweep_locked(shard, &mut table, now, &mut is_fresh, Sweeping::Now);
         }
         self.len()
     }
+}
+
+/// Whether a sweep runs whatever the time since the last one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sweeping {
+    /// Now.
+    Now,
+    /// Only if the shard was not swept within the sweep gap.
+    IfDue,
 }
 
 #[cfg(test)]
@@ -283,14 +358,21 @@ mod tests {
 
     #[test]
     fn insert_find_sweep_refuse() {
-        let map: ShardMap<String, u32, _> = ShardMap::new(RandomState::new(), 3, Duration::ZERO);
-        let never = |_: &u32| false;
-        let get =
-            |key: &str, v: u32, force| map.get_or_insert(key, || Some(v), never, force, |v| *v);
+        let map: ShardMap<String, u32, _> = ShardMap::new(
+            RandomState::new(),
+            3,
+            Duration::ZERO,
+            clock::Origin::now(),
+            u64::MAX,
+        );
+        let never = |_: &u32, _| false;
+        let get = |key: &str, v: u32, force| {
+            map.get_or_insert(key, || 0, || Some(v), never, force, |v, _| *v)
+        };
         assert_eq!(get("a", 1, false), Ok((1, true)));
         assert_eq!(get("a", 9, false), Ok((1, false)));
-        assert_eq!(map.get("a", |v| *v), Some(1));
-        assert_eq!(map.get("zz", |v| *v), None);
+        assert_eq!(map.get("a", |v, _| *v), Some(1));
+        assert_eq!(map.get("zz", |v, _| *v), None);
         get("b", 2, false).unwrap();
         get("c", 3, false).unwrap();
         // Full of active keys: refused, unless forced.
@@ -301,15 +383,53 @@ mod tests {
         assert_eq!(map.stats().refused, 1);
         get("d", 4, true).unwrap();
         assert_eq!(
-            map.get_or_insert("e", || None, never, true, |v| *v),
+            map.get_or_insert("e", || 0, || None, never, true, |v, _| *v),
             Err(Unavailable::Failed)
         );
         assert_eq!(map.len(), 4);
         // Sweeping drops the fresh keys (here: odd values).
-        let odd = |v: &u32| v % 2 == 1;
-        assert_eq!(map.sweep_all(odd), 2);
+        let odd = |v: &u32, _| v % 2 == 1;
+        assert_eq!(map.sweep_all(0, odd), 2);
         assert_eq!(map.stats().evicted, 2);
-        assert_eq!(map.get("a", |v| *v), None);
-        assert_eq!(map.get("b", |v| *v), Some(2));
+        assert_eq!(map.get("a", |v, _| *v), None);
+        assert_eq!(map.get("b", |v, _| *v), Some(2));
+    }
+
+    #[test]
+    fn a_shard_past_its_horizon_is_swept_before_an_update() {
+        let map: ShardMap<u8, u32, _> = ShardMap::new(
+            RandomState::new(),
+            10,
+            Duration::MAX,
+            clock::Origin::now(),
+            100,
+        );
+        let epoch_of = |key: u8| map.get(&key, |_, epoch| epoch).unwrap();
+        let never = |_: &u32, _| false;
+        map.get_or_insert(&1, || 50, || Some(1), never, false, |_, _| ())
+            .unwrap();
+        assert_eq!(epoch_of(1), 0);
+        // Within the horizon of the epoch: the hot path takes it.
+        assert_eq!(map.update(&1, 100, |v, epoch| (*v, epoch)), Some((1, 0)));
+        // Past it: the hot path declines, the slow one sweeps (at 101, an
+        // epoch the callbacks then see) even though a sweep is not due.
+        assert_eq!(map.update(&1, 101, |v, _| *v), None);
+        let mut judged = Vec::new();
+        let seen = map.get_or_insert(
+            &1,
+            || 101,
+            || Some(9),
+            |v, epoch| {
+                judged.push((*v, epoch));
+                false
+            },
+            false,
+            |v, epoch| (*v, epoch),
+        );
+        assert_eq!(seen, Ok(((1, 101), false)));
+        assert_eq!(judged, [(1, 0)]);
+        assert_eq!(epoch_of(1), 101);
+        // Reads never sweep.
+        assert_eq!(map.get(&1, |v, epoch| (*v, epoch)), Some((1, 101)));
     }
 }
