@@ -284,3 +284,221 @@ fn keyed_funnel_moved_to_another_runtime_serves_on_time() {
     });
     assert_eq!(at, [ms(0), ms(50), ms(0), ms(50)]);
 }
+
+/// Builds a limiter in a paused runtime, runs `setup` on it and spawns
+/// three waiters (each one permit) that must wait, then shuts the runtime
+/// down with the waiters in it (their tasks are dropped).
+fn waiters_shut_down<L: Limiter + Clone + 'static>(make: fn() -> L, setup: fn(&L)) -> L {
+    let rt = paused_runtime();
+    let limiter = rt.block_on(async {
+        let limiter = make();
+        setup(&limiter);
+        for _ in 0..3 {
+            let l = limiter.clone();
+            tokio::spawn(async move { l.acquire().await });
+        }
+        settle().await;
+        assert_eq!(limiter.stats().waiting, 3);
+        limiter
+    });
+    rt.shutdown_timeout(Duration::ZERO);
+    limiter
+}
+
+fn slow_token() -> TokenBucket {
+    TokenBucket::builder()
+        .rate(Rate::per_second(1))
+        .capacity(10)
+        .build()
+        .unwrap()
+}
+
+fn slow_funnel() -> Funnel {
+    Funnel::builder()
+        .rate(Rate::per_second(1))
+        .capacity(10)
+        .build()
+        .unwrap()
+}
+
+fn slow_leaky() -> LeakyBucket {
+    LeakyBucket::builder()
+        .rate(Rate::per_second(1))
+        .capacity(10)
+        .build()
+        .unwrap()
+}
+
+/// In a new runtime: after `idle`, the limiter has exactly what it would
+/// have had without the dropped waiters (`n` permits at once, which their
+/// reservations would have taken), and the next `acquire` is served after
+/// `next` (at most `next`, for a limiter whose price depends on the real
+/// time between the two runtimes).
+fn still_works<L: Limiter + 'static>(name: &str, limiter: L, idle: Duration, n: u32, next: Duration) {
+    still_works_within(name, limiter, idle, n, next, true);
+}
+
+fn still_works_within<L: Limiter + 'static>(
+    name: &str,
+    limiter: L,
+    idle: Duration,
+    n: u32,
+    next: Duration,
+    exact: bool,
+) {
+    watched(name, move || {
+        paused_runtime().block_on(async move {
+            assert_eq!(limiter.stats().waiting, 0);
+            time::advance(idle).await;
+            assert_eq!(limiter.try_acquire_many(n), Ok(()), "permits lost");
+            let start = Instant::now();
+            let limiter = std::sync::Arc::new(limiter);
+            let l = std::sync::Arc::clone(&limiter);
+            let handle = spawn_timed(start, async move { l.acquire().await }).await;
+            let (result, at) = finish(handle, start + DEADLINE).await;
+            assert_eq!(result, Ok(()));
+            if exact {
+                assert_eq!(at, next);
+            } else {
+                assert!(at <= next, "{at:?} > {next:?}");
+            }
+        });
+    });
+}
+
+#[test]
+fn token_bucket_survives_a_runtime_shut_down_with_waiters() {
+    let bucket = waiters_shut_down(slow_token, |b| b.try_acquire_many(10).unwrap());
+    // Without the refunds, 10 s later only 7 tokens would be back.
+    still_works("token", bucket, Duration::from_secs(10), 10, Duration::from_secs(1));
+}
+
+#[test]
+fn funnel_survives_a_runtime_shut_down_with_waiters() {
+    let funnel = waiters_shut_down(slow_funnel, |f| f.try_acquire_many(10).unwrap());
+    still_works("funnel", funnel, Duration::from_secs(10), 10, Duration::from_secs(1));
+}
+
+#[test]
+fn leaky_bucket_survives_a_runtime_shut_down_with_waiters() {
+    let bucket = waiters_shut_down(slow_leaky, |b| b.try_acquire_many(7).unwrap());
+    // 7 s later the 7 units have drained; the waiters' 3 are given back.
+    still_works("leaky", bucket, Duration::from_secs(7), 9, Duration::from_secs(9));
+}
+
+#[test]
+fn smooth_bursty_survives_a_runtime_shut_down_with_waiters() {
+    fn make() -> SmoothBursty {
+        SmoothBursty::builder()
+            .permits_per_second(1.0)
+            .build()
+            .unwrap()
+    }
+    let limiter = waiters_shut_down(make, |l| l.try_acquire().unwrap());
+    // The debt is the first request's 1 s again, not 4 s.
+    // (Permits stored in the real time between the runtimes make the next
+    // one a little cheaper.)
+    let second = Duration::from_secs(1);
+    still_works_within("bursty", limiter, second, 1, second, false);
+}
+
+#[test]
+fn smooth_warming_up_survives_a_runtime_shut_down_with_waiters() {
+    fn make() -> SmoothWarmingUp {
+        SmoothWarmingUp::builder()
+            .permits_per_second(1.0)
+            .warmup(Duration::from_secs(2))
+            .build()
+            .unwrap()
+    }
+    let limiter = waiters_shut_down(make, |l| l.try_acquire().unwrap());
+    // What the first request costs when cold (the three cancelled cost more).
+    let probe = make();
+    let reference = watched("warming_up reference", move || {
+        paused_runtime().block_on(async move {
+            probe.try_acquire().unwrap();
+            let start = Instant::now();
+            probe.acquire().await.unwrap();
+            start.elapsed()
+        })
+    });
+    // Idle that long after the first request, the waiters' debt (had it
+    // stayed) would still be 9 s; the next request pays at most the cold
+    // price again.
+    still_works_within("warming_up", limiter, reference, 1, reference, false);
+}
+
+#[test]
+fn keyed_survive_a_runtime_shut_down_with_waiters() {
+    let rt = paused_runtime();
+    let (keyed, funnels) = rt.block_on(async {
+        let keyed: Keyed<String, TokenBucket> = Keyed::builder()
+            .limiter(|| Ok(slow_token()))
+            .background_sweep(false)
+            .build()
+            .unwrap();
+        let funnels: KeyedFunnel<String> = KeyedFunnel::builder()
+            .rate(Rate::per_second(1))
+            .capacity(10)
+            .background_sweep(false)
+            .build()
+            .unwrap();
+        keyed.try_acquire_many("k", 10).unwrap();
+        funnels.try_acquire_many("k", 10).unwrap();
+        for _ in 0..3 {
+            let k = keyed.clone();
+            tokio::spawn(async move { k.acquire("k").await });
+            let f = funnels.clone();
+            tokio::spawn(async move { f.acquire("k").await });
+        }
+        settle().await;
+        assert_eq!(keyed.get("k").stats().waiting, 3);
+        (keyed, funnels)
+    });
+    rt.shutdown_timeout(Duration::ZERO);
+    watched("keyed", move || {
+        paused_runtime().block_on(async move {
+            time::advance(Duration::from_secs(10)).await;
+            assert_eq!(keyed.try_acquire_many("k", 10), Ok(()), "permits lost");
+            assert_eq!(funnels.try_acquire_many("k", 10), Ok(()), "permits lost");
+            let start = Instant::now();
+            let k = keyed.clone();
+            let a = spawn_timed(start, async move { k.acquire("k").await }).await;
+            let f = funnels.clone();
+            let b = spawn_timed(start, async move { f.acquire("k").await }).await;
+            let second = Duration::from_secs(1);
+            assert_eq!(finish(a, start + DEADLINE).await, (Ok(()), second));
+            assert_eq!(finish(b, start + DEADLINE).await, (Ok(()), second));
+        });
+    });
+}
+
+/// Outside any runtime, a waiter whose actor is gone cannot be served: it
+/// fails at once, and gives its reservation back.
+#[test]
+fn waiting_outside_any_runtime_fails_at_once_when_the_actor_is_gone() {
+    let bucket = built_in_dropped_runtime(token);
+    let leaky = built_in_dropped_runtime(leaky);
+    let (bucket, leaky) = watched("no runtime", move || {
+        bucket.try_acquire_many(2).unwrap();
+        let got = tokio_test::task::spawn(bucket.acquire()).poll();
+        assert_eq!(got, std::task::Poll::Ready(Err(AcquireError::NoRuntime)));
+        leaky.try_acquire().unwrap();
+        let got = tokio_test::task::spawn(leaky.acquire()).poll();
+        assert_eq!(got, std::task::Poll::Ready(Err(AcquireError::NoRuntime)));
+        assert_eq!(leaky.level(), 1, "the failed waiter's water is given back");
+        (bucket, leaky)
+    });
+    // And in a runtime again, it works.
+    watched("back in a runtime", move || {
+        paused_runtime().block_on(async move {
+            assert_eq!(bucket.stats().waiting, 0);
+            time::advance(Duration::from_secs(10)).await;
+            let start = Instant::now();
+            bucket.try_acquire_many(2).unwrap();
+            bucket.acquire().await.unwrap();
+            leaky.acquire().await.unwrap();
+            assert_eq!(start.elapsed(), ms(50));
+        });
+    });
+}
