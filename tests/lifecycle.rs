@@ -334,7 +334,13 @@ fn slow_leaky() -> LeakyBucket {
 /// reservations would have taken), and the next `acquire` is served after
 /// `next` (at most `next`, for a limiter whose price depends on the real
 /// time between the two runtimes).
-fn still_works<L: Limiter + 'static>(name: &str, limiter: L, idle: Duration, n: u32, next: Duration) {
+fn still_works<L: Limiter + 'static>(
+    name: &str,
+    limiter: L,
+    idle: Duration,
+    n: u32,
+    next: Duration,
+) {
     still_works_within(name, limiter, idle, n, next, true);
 }
 
@@ -370,20 +376,38 @@ fn still_works_within<L: Limiter + 'static>(
 fn token_bucket_survives_a_runtime_shut_down_with_waiters() {
     let bucket = waiters_shut_down(slow_token, |b| b.try_acquire_many(10).unwrap());
     // Without the refunds, 10 s later only 7 tokens would be back.
-    still_works("token", bucket, Duration::from_secs(10), 10, Duration::from_secs(1));
+    still_works(
+        "token",
+        bucket,
+        Duration::from_secs(10),
+        10,
+        Duration::from_secs(1),
+    );
 }
 
 #[test]
 fn funnel_survives_a_runtime_shut_down_with_waiters() {
     let funnel = waiters_shut_down(slow_funnel, |f| f.try_acquire_many(10).unwrap());
-    still_works("funnel", funnel, Duration::from_secs(10), 10, Duration::from_secs(1));
+    still_works(
+        "funnel",
+        funnel,
+        Duration::from_secs(10),
+        10,
+        Duration::from_secs(1),
+    );
 }
 
 #[test]
 fn leaky_bucket_survives_a_runtime_shut_down_with_waiters() {
     let bucket = waiters_shut_down(slow_leaky, |b| b.try_acquire_many(7).unwrap());
     // 7 s later the 7 units have drained; the waiters' 3 are given back.
-    still_works("leaky", bucket, Duration::from_secs(7), 9, Duration::from_secs(9));
+    still_works(
+        "leaky",
+        bucket,
+        Duration::from_secs(7),
+        9,
+        Duration::from_secs(9),
+    );
 }
 
 #[test]
@@ -501,4 +525,140 @@ fn waiting_outside_any_runtime_fails_at_once_when_the_actor_is_gone() {
             assert_eq!(start.elapsed(), ms(50));
         });
     });
+}
+
+// One limiter of each actor-backed kind shared by several tests, each on
+// its own runtime: whichever test touches it first builds it (and its
+// actor) in its runtime, which ends with that test.
+static SHARED_TOKEN: LazyLock<TokenBucket> = LazyLock::new(|| {
+    TokenBucket::builder()
+        .rate(Rate::per_second(500))
+        .capacity(1)
+        .build()
+        .unwrap()
+});
+static SHARED_LEAKY: LazyLock<LeakyBucket> = LazyLock::new(|| {
+    LeakyBucket::builder()
+        .rate(Rate::per_second(500))
+        .capacity(100)
+        .build()
+        .unwrap()
+});
+
+/// Ten permits from each shared limiter, one at a time. Real time, so that
+/// the runtimes share one clock; the deadline (on the join handles, which
+/// does not re-poll the waiters) only turns a hang into a failure.
+async fn use_shared() {
+    let task = tokio::spawn(async {
+        for _ in 0..10 {
+            SHARED_TOKEN.acquire().await.unwrap();
+            SHARED_LEAKY.acquire().await.unwrap();
+        }
+    });
+    time::timeout(WATCHDOG, task)
+        .await
+        .expect("hung on a shared limiter")
+        .unwrap();
+}
+
+#[tokio::test]
+async fn shared_in_a_static_1() {
+    use_shared().await;
+}
+
+#[tokio::test]
+async fn shared_in_a_static_2() {
+    use_shared().await;
+}
+
+#[tokio::test]
+async fn shared_in_a_static_3() {
+    use_shared().await;
+}
+
+#[tokio::test]
+async fn shared_in_a_static_4() {
+    use_shared().await;
+}
+
+/// Every waiter holds a handle (it borrows one), so dropping all the other
+/// handles does not end the actor: the waiters are served on time, and the
+/// actor ends with the last of them (no task is left).
+#[tokio::test(start_paused = true)]
+async fn waiters_are_served_after_every_other_handle_is_dropped() {
+    async fn check<L: Limiter + Clone + 'static>(limiter: L, drain: u32, first: u64) {
+        limiter.try_acquire_many(drain).unwrap();
+        let start = Instant::now();
+        let mut handles = Vec::new();
+        for _ in 0..3 {
+            let l = limiter.clone();
+            handles.push(spawn_timed(start, async move { l.acquire().await }).await);
+        }
+        drop(limiter);
+        for (i, handle) in (0..).zip(handles) {
+            let at = ms(first + 50 * i);
+            assert_eq!(finish(handle, start + DEADLINE).await, (Ok(()), at));
+        }
+        settle().await;
+        let tasks = tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks();
+        assert_eq!(tasks, 0, "the actor outlived its limiter");
+    }
+    check(token(), 2, 50).await;
+    check(funnel(), 2, 50).await;
+    // Guava's first request is free, the next pay for the one before.
+    check(bursty(), 0, 0).await;
+    check(leaky(), 1, 50).await;
+}
+
+/// `close()` fails every waiter at once with `Closed`, also when the actor
+/// was built in a runtime since dropped.
+#[test]
+fn close_fails_waiters_at_once() {
+    fn check<L, F>(name: &'static str, make: F, close: fn(&L), ns: [u32; 3])
+    where
+        L: Limiter + Clone + 'static,
+        F: FnOnce() -> L + Send + 'static,
+    {
+        watched(name, move || {
+            paused_runtime().block_on(async move {
+                let limiter = make();
+                time::advance(Duration::from_secs(10)).await;
+                let start = Instant::now();
+                let mut handles = Vec::new();
+                for n in ns {
+                    let l = limiter.clone();
+                    handles.push(spawn_timed(start, async move { l.acquire_many(n).await }).await);
+                }
+                close(&limiter);
+                settle().await;
+                let (first, _) = handles.remove(0).await.unwrap();
+                assert_eq!(first, Ok(()));
+                for handle in handles {
+                    assert!(handle.is_finished(), "{name}: a waiter outlived close()");
+                    assert_eq!(handle.await.unwrap(), (Err(AcquireError::Closed), ms(0)));
+                }
+            });
+        });
+    }
+    // The first goes at once, the others must wait. (A smooth limiter's
+    // first request is free, however large, and the next pay for it.)
+    const BUCKET: [u32; 3] = [1, 2, 2];
+    const SMOOTH: [u32; 3] = [30, 1, 1];
+    let moved = built_in_dropped_runtime(token);
+    check("token", token, TokenBucket::close, BUCKET);
+    check("token moved", move || moved, TokenBucket::close, BUCKET);
+    let moved = built_in_dropped_runtime(leaky);
+    check("leaky", leaky, LeakyBucket::close, BUCKET);
+    check("leaky moved", move || moved, LeakyBucket::close, BUCKET);
+    check("funnel", funnel, Funnel::close, BUCKET);
+    check("bursty", bursty, SmoothBursty::close, SMOOTH);
+    check("warming_up", warming_up, SmoothWarmingUp::close, SMOOTH);
+    let keyed = built_in_dropped_runtime(|| {
+        let keyed = keyed_token();
+        let _k = keyed.get("k");
+        keyed
+    });
+    check("keyed", move || keyed.get("k"), TokenBucket::close, BUCKET);
 }
