@@ -55,7 +55,9 @@ fn watched<T: Send + 'static>(name: &str, f: impl FnOnce() -> T + Send + 'static
     match rx.recv_timeout(WATCHDOG) {
         Ok(Ok(value)) => value,
         Ok(Err(panic)) => std::panic::resume_unwind(panic),
-        Err(_) => panic!("{name}: hung for {WATCHDOG:?} of real time"),
+        Err(mpsc::RecvTimeoutError::Timeout | mpsc::RecvTimeoutError::Disconnected) => {
+            panic!("{name}: hung for {WATCHDOG:?} of real time")
+        }
     }
 }
 
@@ -132,6 +134,10 @@ fn warming_up() -> SmoothWarmingUp {
 /// `acquire`, `acquire_many(2)`, `acquire_timeout` and `reserve`, one after
 /// the other (each arrives while the ones before it wait), after the
 /// limiter has idled 10 s; when each was served.
+#[expect(
+    clippy::many_single_char_names,
+    reason = "one letter per waiter, in arrival order"
+)]
 async fn script<L: Limiter + Clone + 'static>(limiter: L) -> Vec<Duration> {
     time::advance(Duration::from_secs(10)).await;
     let start = Instant::now();
@@ -146,7 +152,10 @@ async fn script<L: Limiter + Clone + 'static>(limiter: L) -> Vec<Duration> {
     })
     .await;
     let l = limiter.clone();
-    let d = spawn_timed(start, async move { l.reserve(1).await.map(|r| r.commit()) }).await;
+    let d = spawn_timed(start, async move {
+        l.reserve(1).await.map(tokio_ratelimit::Reservation::commit)
+    })
+    .await;
     let mut out = Vec::new();
     for handle in [a, b, c, d] {
         let (result, at) = finish(handle, deadline).await;
