@@ -15,6 +15,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -56,8 +57,8 @@ pub(crate) struct Engine {
     kind: Kind,
     /// Tokens a newly built bucket lacks (capacity − initial).
     fresh_deficit: u32,
-    /// Wakes the actor; `None` when waiters arm their own timers.
-    actor: Option<Arc<Notify>>,
+    /// The background actor; `None` when waiters arm their own timers.
+    actor: Option<Arc<Actor>>,
     counters: Counters,
 }
 
@@ -82,26 +83,91 @@ impl Engine {
         } else {
             None
         };
-        let notify = runtime.as_ref().map(|_| Arc::new(Notify::new()));
-        let engine = Arc::new(Engine {
+        let engine = Arc::new_cyclic(|this| Engine {
             cell: Cell::new(setup.params, setup.params.cost(setup.deficit), clock::now()),
             queue: Mutex::new(Queue::new(setup.rate)),
             release: setup.release,
             kind: setup.kind,
             fresh_deficit: setup.deficit,
-            actor: notify.clone(),
+            actor: runtime.as_ref().map(|_| {
+                Arc::new(Actor {
+                    notify: Notify::new(),
+                    state: AtomicU8::new(Actor::RUNNING),
+                    engine: this.clone(),
+                })
+            }),
             counters: Counters::default(),
         });
-        if let (Some(runtime), Some(notify)) = (runtime, notify) {
-            let span = tracing::debug_span!(
-                "actor",
-                limiter = setup.kind.name(),
-                rate = %setup.rate,
-                capacity = setup.params.capacity(),
-            );
-            runtime.spawn(actor(Arc::downgrade(&engine), notify).instrument(span));
+        if let (Some(runtime), Some(actor)) = (runtime, &engine.actor) {
+            engine.spawn_actor(actor, &runtime, setup.rate);
         }
         Ok(engine)
+    }
+
+    /// Spawns the actor's task on `runtime`; its state is already `RUNNING`.
+    fn spawn_actor(&self, actor: &Arc<Actor>, runtime: &tokio::runtime::Handle, rate: Rate) {
+        let span = tracing::debug_span!(
+            "actor",
+            limiter = self.kind.name(),
+            rate = %rate,
+            capacity = self.capacity(),
+        );
+        let link = ActorLink {
+            actor: Arc::clone(actor),
+            started: false,
+            stopped: false,
+        };
+        // A runtime that is shutting down drops the task at once: the link
+        // then sets the state back to `DEAD` (see `actor_serves`).
+        drop(runtime.spawn(run_actor(link).instrument(span)));
+    }
+
+    /// Whether the actor wakes this engine's waiters (`false`: each waiter
+    /// keeps its own timer). An actor whose runtime is gone is re-spawned
+    /// on the runtime of the caller, once (the state's compare-and-swap),
+    /// so the queue keeps a single timer; outside any runtime that cannot
+    /// be done, and the caller must fail rather than wait for nothing.
+    /// Never called under the queue lock: a failed spawn runs the link's
+    /// `Drop`, which takes it.
+    fn actor_serves(&self) -> Result<bool, AcquireError> {
+        let Some(actor) = &self.actor else {
+            return Ok(false);
+        };
+        match actor.state.load(Ordering::Acquire) {
+            Actor::RUNNING => return Ok(true),
+            Actor::FAILED => return Ok(false),
+            _ => {}
+        }
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| AcquireError::NoRuntime)?;
+        if actor
+            .state
+            .compare_exchange(
+                Actor::DEAD,
+                Actor::RUNNING,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok()
+        {
+            tracing::debug!(
+                limiter = self.kind.name(),
+                "actor gone with its runtime: re-spawned"
+            );
+            self.spawn_actor(actor, &runtime, self.rate());
+        }
+        match actor.state.load(Ordering::Acquire) {
+            Actor::RUNNING => Ok(true),
+            Actor::FAILED => Ok(false),
+            _ => Err(AcquireError::NoRuntime),
+        }
+    }
+
+    /// Whether a running actor keeps the timer for the whole queue (else
+    /// waiters must be woken to re-arm their own, or to re-spawn it).
+    fn actor_running(&self) -> bool {
+        self.actor
+            .as_ref()
+            .is_some_and(|a| a.state.load(Ordering::Acquire) == Actor::RUNNING)
     }
 
     fn lock(&self) -> MutexGuard<'_, Queue> {
@@ -409,7 +475,7 @@ impl Engine {
             // Everyone behind moved forward: some may be due now, and the
             // timer (the actor's, or each waiter's own) must be re-armed.
             queue.grant_due(&s.params, self.release, now, &self.cell, &mut wakers);
-            if self.actor.is_none() {
+            if !self.actor_running() {
                 queue.wake_pending(&mut wakers);
             }
         }
@@ -446,7 +512,7 @@ impl Engine {
             queue.rate = rate;
             let scaled = params.scale_nanos(now);
             queue.grant_due(&params, self.release, scaled, &self.cell, &mut wakers);
-            if self.actor.is_none() {
+            if !self.actor_running() {
                 queue.wake_pending(&mut wakers);
             }
         }
@@ -457,9 +523,17 @@ impl Engine {
     }
 
     fn wake_actor(&self) {
-        if let Some(notify) = &self.actor {
-            notify.notify_one();
+        if let Some(actor) = &self.actor {
+            actor.notify.notify_one();
         }
+    }
+
+    /// Wakes every pending waiter: the actor is gone, and they must take
+    /// over (re-spawn it, or arm their own timers).
+    fn wake_waiters(&self) {
+        let mut wakers = Vec::new();
+        self.lock().wake_pending(&mut wakers);
+        wake_all(wakers);
     }
 
     /// One round of the actor: grant what is due, and say when to look
@@ -602,8 +676,11 @@ fn wake_all(wakers: Vec<Waker>) {
 /// waiter after it would then skip a tick, and at 1 000/s releases came in
 /// pairs with an empty tick between them (p99 lateness ~1.8 ms instead of
 /// ~1.1).
-async fn actor(engine: Weak<Engine>, notify: Arc<Notify>) {
+async fn run_actor(mut link: ActorLink) {
+    link.started = true;
     tracing::debug!("started");
+    let actor = Arc::clone(&link.actor);
+    let (engine, notify) = (&actor.engine, &actor.notify);
     let mut timer = clock::TwoStep::default();
     loop {
         let next = match engine.upgrade() {
@@ -627,7 +704,66 @@ async fn actor(engine: Weak<Engine>, notify: Arc<Notify>) {
             }
         }
     }
+    link.stopped = true;
     tracing::debug!("stopped");
+}
+
+/// An actor-backed engine's link to its background task, and whether that
+/// task is alive.
+struct Actor {
+    /// Wakes the actor.
+    notify: Notify,
+    /// `RUNNING`, `DEAD` or `FAILED`.
+    state: AtomicU8,
+    /// The engine it serves: a waiter (which borrows the engine) re-spawns
+    /// the actor with it.
+    engine: Weak<Engine>,
+}
+
+impl Actor {
+    /// A task is spawned (or being spawned) and will wake the waiters.
+    const RUNNING: u8 = 0;
+    /// The task's future was dropped before it ended: its runtime shut
+    /// down. The next waiter re-spawns it.
+    const DEAD: u8 = 1;
+    /// The task panicked: it is not re-spawned (it would panic again), and
+    /// waiters keep their own timers from then on.
+    const FAILED: u8 = 2;
+}
+
+/// Owned by the actor's future: its `Drop` tells a task that ended (the
+/// limiter closed or dropped) from one whose future was dropped (runtime
+/// shutdown, or a spawn onto a runtime already shut down) or that panicked.
+struct ActorLink {
+    actor: Arc<Actor>,
+    /// The task has been polled: if it dies now, waiters may be relying on
+    /// it. (A task dropped unpolled was spawned by a caller that checks the
+    /// state itself.)
+    started: bool,
+    /// The task ended normally.
+    stopped: bool,
+}
+
+impl Drop for ActorLink {
+    fn drop(&mut self) {
+        if self.stopped {
+            return;
+        }
+        let state = if std::thread::panicking() {
+            Actor::FAILED
+        } else {
+            Actor::DEAD
+        };
+        self.actor.state.store(state, Ordering::Release);
+        // Stored before the waiters' lock is taken: a waiter that registers
+        // its waker after this wake sees the new state when it checks.
+        if !self.started {
+            return;
+        }
+        if let Some(engine) = self.actor.engine.upgrade() {
+            engine.wake_waiters();
+        }
+    }
 }
 
 /// A queued `acquire`: resolves when its turn comes (or the limiter
@@ -638,9 +774,9 @@ struct Waiter<'a> {
     /// Whether the permits stay held in the queue once granted.
     hold: bool,
     done: bool,
-    /// Waiters of a limiter without an actor keep their own timer.
+    /// Waiters of a limiter without a (live) actor keep their own timer.
     sleep: Option<Pin<Box<Sleep>>>,
-    /// How its own timer is armed (as the actor's, see [`actor`]).
+    /// How its own timer is armed (as the actor's, see [`run_actor`]).
     timer: clock::TwoStep,
 }
 
@@ -658,8 +794,14 @@ impl Future for Waiter<'_> {
                     return Poll::Ready(result);
                 }
                 Err(turn) => {
-                    if this.engine.actor.is_some() {
-                        return Poll::Pending;
+                    match this.engine.actor_serves() {
+                        Ok(true) => return Poll::Pending,
+                        Ok(false) => {}
+                        Err(error) => {
+                            this.engine.cancel(this.id);
+                            this.done = true;
+                            return Poll::Ready(Err(error));
+                        }
                     }
                     let (deadline, early) = this.timer.deadline(turn);
                     let sleep = this

@@ -103,6 +103,10 @@ pub enum AcquireError {
     /// The permits could not be had within the timeout of
     /// `acquire_timeout`.
     Timeout,
+    /// The limiter's background task is gone (the runtime it ran on was
+    /// shut down) and this call waits outside any tokio runtime, where it
+    /// cannot be started again. Fails at once rather than hang.
+    NoRuntime,
 }
 
 impl fmt::Display for AcquireError {
@@ -112,6 +116,9 @@ impl fmt::Display for AcquireError {
             Self::InsufficientCapacity => "more permits requested than the limiter's capacity",
             Self::Overflow => "leaky bucket overflow: request discarded",
             Self::Timeout => "permits not available within the timeout",
+            Self::NoRuntime => {
+                "no tokio runtime to wait in: the limiter's background task is gone and this call is not in a runtime"
+            }
         })
     }
 }
@@ -282,6 +289,7 @@ mod tests {
             AcquireError::Overflow.to_string(),
             AcquireError::Timeout.to_string(),
             AcquireError::InsufficientCapacity.to_string(),
+            AcquireError::NoRuntime.to_string(),
             TryAcquireError::Limited {
                 retry_after: Duration::from_millis(100),
             }
