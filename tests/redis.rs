@@ -1098,3 +1098,77 @@ async fn a_server_that_never_answers() {
     );
     assert_eq!((o.retries, c.retries), (1, 1));
 }
+
+/// A loopback proxy to `upstream` that loses one reply: the first client
+/// chunk that carries an `EVALSHA` is passed on, and then that connection
+/// is closed without passing back what Redis answered. Every other byte,
+/// and every later connection, goes through unchanged.
+fn reply_losing_proxy(
+    listener: tokio::net::TcpListener,
+    upstream: u16,
+) -> tokio::task::JoinHandle<()> {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let lost = Arc::new(AtomicBool::new(false));
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let server = tokio::net::TcpStream::connect(("127.0.0.1", upstream))
+                .await
+                .unwrap();
+            let lost = lost.clone();
+            tokio::spawn(async move {
+                let (mut cr, mut cw) = client.into_split();
+                let (mut sr, mut sw) = server.into_split();
+                let back = tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut sr, &mut cw).await;
+                });
+                let mut buf = vec![0u8; 64 * 1024];
+                while let Ok(n @ 1..) = cr.read(&mut buf).await {
+                    let chunk = &buf[..n];
+                    if sw.write_all(chunk).await.is_err() {
+                        break;
+                    }
+                    let evalsha = chunk.windows(7).any(|w| w == b"EVALSHA");
+                    if evalsha && !lost.swap(true, Ordering::SeqCst) {
+                        // Redis runs it; the client never hears.
+                        back.abort();
+                        sleep(ms(20)).await;
+                        return;
+                    }
+                }
+                let _ = back.await;
+            });
+        }
+    })
+}
+
+#[tokio::test]
+async fn a_request_that_may_have_run_is_not_sent_again() {
+    let Some(server) = RedisServer::start("a_request_that_may_have_run_is_not_sent_again") else {
+        return;
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let proxy = reply_losing_proxy(listener, server.port());
+    let through_proxy = RedisFunnel::builder(format!("redis://127.0.0.1:{port}/"))
+        .rate(slow())
+        .capacity(2)
+        .prefix("p:")
+        .failure_policy(FailurePolicy::Closed)
+        .build()
+        .await
+        .unwrap();
+    let direct = funnel(&server, slow(), 2, "p:", FailurePolicy::Closed).await;
+    // Sent, run by Redis, its reply lost with the connection: a failure
+    // by the policy, not a second pour.
+    let (r, _) = within(through_proxy.timeout(), through_proxy.try_acquire("k")).await;
+    assert!(matches!(r, Err(RedisLimitError::Backend(_))), "{r:?}");
+    assert_eq!(counts(&through_proxy), (1, 0, 0, 1, 0, 0, 0));
+    // Redis ran it once: one of the two units is left.
+    direct.try_acquire("k").await.unwrap();
+    assert!(is_limited(&direct.try_acquire("k").await));
+    // The proxy passes everything from now on: the limiter reconnected.
+    assert!(is_limited(&through_proxy.try_acquire("k").await));
+    proxy.abort();
+}
