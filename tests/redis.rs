@@ -829,10 +829,21 @@ async fn client_kill_next_decision_is_decided_by_redis() {
         let (d, _) = within(l.timeout(), l.decide("j", 1)).await;
         assert!(!d.unwrap().is_granted());
     }
-    // Five decisions, all by Redis; three of them found the connection
+    // The same when the calling task has spent its cooperative budget
+    // (tokio's channels then answer `Pending` even when closed).
+    assert_eq!(client_kill(&mut con).await, 2);
+    for l in [&open, &closed] {
+        tokio::task::yield_now().await;
+        while tokio::task::coop::has_budget_remaining() {
+            tokio::task::consume_budget().await;
+        }
+        let (r, _) = within(l.timeout(), l.try_acquire("k")).await;
+        assert!(is_limited(&r), "{:?}: {r:?}", l.failure_policy());
+    }
+    // Six decisions, all by Redis; four of them found the connection
     // closed and went again.
     for l in [&open, &closed] {
-        assert_eq!(counts(l), (5, 2, 3, 0, 0, 0, 3));
+        assert_eq!(counts(l), (6, 2, 4, 0, 0, 0, 4));
     }
 }
 

@@ -840,8 +840,10 @@ impl RedisFunnel {
     /// its idle `timeout`, a restart) or the reconnection had already
     /// failed — so nothing was written, and the manager is now
     /// reconnecting. Any later failure may follow a write, and stands. The
-    /// first poll runs unconstrained so that tokio's cooperative budget
-    /// cannot turn that hand-over into `Pending`.
+    /// first poll runs unconstrained so that a caller's spent cooperative
+    /// budget cannot turn that hand-over into `Pending` (tokio 1.54 reports
+    /// a closed channel before it checks the budget, but does not promise
+    /// to).
     async fn resend_if_unsent<T, F, Fut>(&self, mut attempt: F) -> RedisResult<T>
     where
         F: FnMut() -> Fut,
