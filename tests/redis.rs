@@ -1183,3 +1183,71 @@ async fn a_request_that_may_have_run_is_not_sent_again() {
     assert!(is_limited(&through_proxy.try_acquire("k").await));
     proxy.abort();
 }
+
+#[test]
+fn threads_hammering_one_key_get_the_rate() {
+    const RATE: u32 = 1000;
+    const CAPACITY: u32 = 100;
+    let Some(server) = RedisServer::start("threads_hammering_one_key_get_the_rate") else {
+        return;
+    };
+    let url = server.url();
+    // Three OS threads, each with its own runtime and its own limiter (as
+    // three replicas would), ask for one unit as fast as Redis answers.
+    let threads: Vec<_> = (0..3)
+        .map(|_| {
+            let url = url.clone();
+            std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                rt.block_on(async move {
+                    let limiter = RedisFunnel::builder(url)
+                        .rate(Rate::per_second(RATE))
+                        .capacity(CAPACITY)
+                        .prefix("threads:")
+                        .failure_policy(FailurePolicy::Closed)
+                        .build()
+                        .await
+                        .unwrap();
+                    let deadline = Instant::now() + ms(1000);
+                    let mut times = Vec::new();
+                    let mut granted = 0u64;
+                    while Instant::now() < deadline {
+                        let d = limiter.decide("one-key", 1).await.unwrap();
+                        times.push(micros(d.server_time));
+                        granted += u64::from(d.is_granted());
+                    }
+                    assert_eq!(limiter.stats().backend_errors, 0);
+                    (granted, times)
+                })
+            })
+        })
+        .collect();
+    let (mut granted, mut times) = (0, Vec::new());
+    for t in threads {
+        let (g, ts) = t.join().unwrap();
+        granted += g;
+        times.extend(ts);
+    }
+    let (first, last) = (*times.iter().min().unwrap(), *times.iter().max().unwrap());
+    let t = last - first;
+    // Over [first, last] of the server's clock, a full funnel grants its
+    // capacity plus one unit per interval: never more, and under this
+    // demand (capacity 100 = 100 ms of stall absorbed) at least 99 % of it.
+    let bound = u64::from(CAPACITY) + u64::from(RATE) * t / 1_000_000;
+    let floor = bound * 99 / 100;
+    eprintln!(
+        "three threads: {granted} granted of {} decisions over {t} µs (server time); \
+         bound {bound}, floor {floor}",
+        times.len()
+    );
+    assert!(t >= 900_000, "the threads ran for {t} µs");
+    assert!(granted <= bound, "{granted} > {bound}");
+    assert!(granted >= floor, "{granted} < {floor}");
+    assert!(
+        times.len() as u64 > granted,
+        "demand did not exceed the limit"
+    );
+}
