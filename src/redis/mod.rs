@@ -839,7 +839,11 @@ impl RedisFunnel {
     /// already ended (the server closed the idle connection: `CLIENT KILL`,
     /// its idle `timeout`, a restart) or the reconnection had already
     /// failed — so nothing was written, and the manager is now
-    /// reconnecting. Any later failure may follow a write, and stands. The
+    /// reconnecting. (On a multi-thread runtime that task runs alongside;
+    /// for a request it wrote to fail within our one poll, Redis would have
+    /// to receive and run it and the close come back between two steps of
+    /// that poll, well under one loopback round trip.) Any later failure
+    /// may follow a write, and stands. The
     /// first poll runs unconstrained so that a caller's spent cooperative
     /// budget cannot turn that hand-over into `Pending` (tokio 1.54 reports
     /// a closed channel before it checks the budget, but does not promise
