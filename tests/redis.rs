@@ -744,3 +744,510 @@ fn handles_and_futures_are_send() {
     send_sync::<RedisLimitError>();
     let _ = futures;
 }
+
+// Fault tests: the connection dropped by the server, a stalled server, a
+// server that never answers. Each decision must answer within its deadline,
+// by the policy, and the first decision after the server closed an idle
+// connection must be decided by Redis (not by the policy).
+
+/// The slack allowed past a decision's deadline (timer ticks, two shared
+/// cores under parallel tests).
+const SLACK: Duration = Duration::from_millis(150);
+
+/// How long a closed socket takes to reach the client's connection task
+/// (loopback: well under a millisecond), with room for a loaded machine.
+const CLOSE_PROPAGATION: Duration = Duration::from_millis(50);
+
+/// Slow enough that no key refills during a test (one unit a minute).
+fn slow() -> Rate {
+    Rate::per_minute(1)
+}
+
+/// The counters as one tuple: (decisions, granted, limited, backend errors,
+/// timeouts, fail-open grants, retries).
+fn counts(l: &RedisFunnel) -> (u64, u64, u64, u64, u64, u64, u64) {
+    let s = l.stats();
+    (
+        s.decisions,
+        s.granted,
+        s.limited,
+        s.backend_errors,
+        s.timeouts,
+        s.fail_open_grants,
+        s.retries,
+    )
+}
+
+fn is_limited<T: std::fmt::Debug>(r: &Result<T, RedisLimitError>) -> bool {
+    matches!(r, Err(RedisLimitError::Limited { .. }))
+}
+
+/// Kills every normal client connection but the admin's own; returns how
+/// many were killed, once their sockets have had time to close.
+async fn client_kill(con: &mut redis::aio::MultiplexedConnection) -> i64 {
+    let killed = cmd(con, &["CLIENT", "KILL", "TYPE", "normal"]).await;
+    sleep(CLOSE_PROPAGATION).await;
+    killed
+}
+
+/// Times `f`, asserting it answered within `deadline` plus the slack.
+async fn within<T>(deadline: Duration, f: impl Future<Output = T>) -> (T, Duration) {
+    let start = Instant::now();
+    let out = f.await;
+    let took = start.elapsed();
+    assert!(took < deadline + SLACK, "answered after {took:?}");
+    (out, took)
+}
+
+#[tokio::test]
+async fn client_kill_next_decision_is_decided_by_redis() {
+    let Some(server) = RedisServer::start("client_kill_next_decision_is_decided_by_redis") else {
+        return;
+    };
+    let mut con = admin(&server).await;
+    let open = funnel(&server, slow(), 2, "o:", FailurePolicy::Open).await;
+    let closed = funnel(&server, slow(), 2, "c:", FailurePolicy::Closed).await;
+    for l in [&open, &closed] {
+        l.try_acquire_many("k", 2).await.unwrap();
+    }
+    // An exhausted key: fail-open would grant it, fail-closed would answer
+    // `Backend`; only Redis answers `Limited`.
+    assert_eq!(client_kill(&mut con).await, 2);
+    for l in [&open, &closed] {
+        let (r, _) = within(l.timeout(), l.try_acquire("k")).await;
+        assert!(is_limited(&r), "{:?}: {r:?}", l.failure_policy());
+    }
+    assert_eq!(client_kill(&mut con).await, 2);
+    for l in [&open, &closed] {
+        let (answers, _) =
+            within(l.timeout(), l.try_acquire_many_keys(&[("k", 1), ("j", 2)])).await;
+        assert!(is_limited(&answers[0]), "{answers:?}");
+        assert!(answers[1].is_ok(), "{answers:?}");
+    }
+    assert_eq!(client_kill(&mut con).await, 2);
+    for l in [&open, &closed] {
+        let (d, _) = within(l.timeout(), l.decide("j", 1)).await;
+        assert!(!d.unwrap().is_granted());
+    }
+    // The same when the calling task has spent its cooperative budget
+    // (tokio's channels then answer `Pending` even when closed).
+    assert_eq!(client_kill(&mut con).await, 2);
+    for l in [&open, &closed] {
+        tokio::task::yield_now().await;
+        while tokio::task::coop::has_budget_remaining() {
+            tokio::task::consume_budget().await;
+        }
+        let (r, _) = within(l.timeout(), l.try_acquire("k")).await;
+        assert!(is_limited(&r), "{:?}: {r:?}", l.failure_policy());
+    }
+    // Six decisions, all by Redis; four of them found the connection
+    // closed and went again.
+    for l in [&open, &closed] {
+        assert_eq!(counts(l), (6, 2, 4, 0, 0, 0, 4));
+    }
+}
+
+#[tokio::test]
+async fn idle_timeout_next_decision_is_decided_by_redis() {
+    let Some(server) = RedisServer::start_with(
+        "idle_timeout_next_decision_is_decided_by_redis",
+        &["--timeout", "1"],
+    ) else {
+        return;
+    };
+    let mut con = admin(&server).await;
+    let clients = async |con: &mut redis::aio::MultiplexedConnection| {
+        let info: String = cmd(con, &["INFO", "clients"]).await;
+        info.lines()
+            .find_map(|l| l.strip_prefix("connected_clients:"))
+            .unwrap()
+            .trim()
+            .parse::<u32>()
+            .unwrap()
+    };
+    // One limiter per policy for a single decision, one for a batch, so
+    // that one idle period serves all four.
+    let mut limiters = Vec::new();
+    for (prefix, policy) in [
+        ("o:", FailurePolicy::Open),
+        ("c:", FailurePolicy::Closed),
+        ("o:", FailurePolicy::Open),
+        ("c:", FailurePolicy::Closed),
+    ] {
+        let l = funnel(&server, slow(), 2, prefix, policy).await;
+        // The first of each prefix exhausts "k"; its twin finds it so.
+        let _ = l.try_acquire_many("k", 2).await;
+        limiters.push(l);
+    }
+    assert_eq!(clients(&mut con).await, 5);
+    // The server closes connections idle for more than a second (checked
+    // on its cron, a few times a second). The admin connection asks every
+    // 100 ms, so it is never idle that long.
+    let idle = Instant::now();
+    while clients(&mut con).await > 1 {
+        assert!(
+            idle.elapsed() < ms(3000),
+            "the idle connections were not closed"
+        );
+        sleep(ms(100)).await;
+    }
+    eprintln!("idle connections closed after {:?}", idle.elapsed());
+    sleep(CLOSE_PROPAGATION).await;
+    for l in &limiters[..2] {
+        let (r, _) = within(l.timeout(), l.try_acquire("k")).await;
+        assert!(is_limited(&r), "{:?}: {r:?}", l.failure_policy());
+        assert_eq!(counts(l), (2, 1, 1, 0, 0, 0, 1));
+    }
+    for l in &limiters[2..] {
+        let (answers, _) =
+            within(l.timeout(), l.try_acquire_many_keys(&[("k", 1), ("j", 2)])).await;
+        assert!(is_limited(&answers[0]), "{answers:?}");
+        assert!(answers[1].is_ok(), "{answers:?}");
+        // Its first request found "k" exhausted by its twin.
+        assert_eq!(counts(l), (3, 1, 2, 0, 0, 0, 1));
+    }
+}
+
+#[tokio::test]
+async fn restart_first_decision_is_decided_by_redis() {
+    let Some(mut server) = RedisServer::start("restart_first_decision_is_decided_by_redis") else {
+        return;
+    };
+    let open = funnel(&server, slow(), 2, "o:", FailurePolicy::Open).await;
+    let closed = funnel(&server, slow(), 2, "c:", FailurePolicy::Closed).await;
+    for l in [&open, &closed] {
+        l.try_acquire_many("k", 2).await.unwrap();
+    }
+    // Down and up again, no request in between: the new server has no
+    // state and no script; the limiters' connections are closed.
+    server.kill();
+    sleep(CLOSE_PROPAGATION).await;
+    server.restart();
+    for l in [&open, &closed] {
+        // Granted: the state went with the old server. By Redis, as the
+        // refusal right after shows (and the counters).
+        let (r, _) = within(l.timeout(), l.try_acquire("k")).await;
+        r.unwrap();
+        assert!(is_limited(&l.try_acquire_many("k", 2).await));
+    }
+    server.kill();
+    sleep(CLOSE_PROPAGATION).await;
+    server.restart();
+    for l in [&open, &closed] {
+        let (answers, _) =
+            within(l.timeout(), l.try_acquire_many_keys(&[("k", 1), ("j", 2)])).await;
+        assert!(answers.iter().all(Result::is_ok), "{answers:?}");
+        assert!(is_limited(&l.try_acquire("j").await));
+    }
+    for l in [&open, &closed] {
+        assert_eq!(counts(l), (6, 4, 2, 0, 0, 0, 2));
+    }
+}
+
+#[tokio::test]
+async fn stalled_server_answers_by_policy_within_the_deadline() {
+    let Some(server) = RedisServer::start("stalled_server_answers_by_policy_within_the_deadline")
+    else {
+        return;
+    };
+    let mut con = admin(&server).await;
+    let timeout = ms(100);
+    let build = |prefix: &'static str, policy| {
+        RedisFunnel::builder(server.url())
+            .rate(Rate::per_second(100))
+            .capacity(100)
+            .prefix(prefix)
+            .failure_policy(policy)
+            .timeout(timeout)
+            .clone()
+    };
+    let open = build("o:", FailurePolicy::Open).build().await.unwrap();
+    let closed = build("c:", FailurePolicy::Closed).build().await.unwrap();
+    let stalled = async || {
+        let ((o, c, ob, cb), took) = within(timeout, async {
+            tokio::join!(
+                open.try_acquire("k"),
+                closed.try_acquire("k"),
+                open.try_acquire_many_keys(&[("k", 1), ("j", 1)]),
+                closed.try_acquire_many_keys(&[("k", 1), ("j", 1)]),
+            )
+        })
+        .await;
+        assert!(
+            took >= timeout,
+            "answered after {took:?}, before the deadline"
+        );
+        let timed_out = |r: &Result<(), RedisLimitError>| matches!(r, Err(RedisLimitError::Timeout { timeout: t }) if *t == timeout);
+        assert!(o.is_ok() && ob.iter().all(Result::is_ok), "{o:?} {ob:?}");
+        assert!(timed_out(&c) && cb.iter().all(timed_out), "{c:?} {cb:?}");
+    };
+    for l in [&open, &closed] {
+        l.try_acquire("k").await.unwrap();
+    }
+    // Stalled with the connections open: each decision waits out its
+    // deadline, then the policy answers.
+    server.stop();
+    stalled().await;
+    server.cont();
+    for l in [&open, &closed] {
+        let (d, _) = within(timeout, l.decide("k", 1)).await;
+        assert!(d.unwrap().is_granted());
+    }
+    // Connections closed, then the server stalled: the decision that finds
+    // its connection closed reconnects (the kernel accepts for the stopped
+    // server), and both attempts share the one deadline.
+    assert_eq!(client_kill(&mut con).await, 2);
+    server.stop();
+    stalled().await;
+    server.cont();
+    for l in [&open, &closed] {
+        let (d, _) = within(timeout, l.decide("k", 1)).await;
+        assert!(d.unwrap().is_granted());
+    }
+    // Per limiter: the warm-up and two recoveries by Redis; two stalls of
+    // three decisions each. The first request of the second stall found
+    // its connection closed and went again, once.
+    assert_eq!(counts(&open), (9, 3, 0, 6, 6, 6, 1));
+    assert_eq!(counts(&closed), (9, 3, 0, 6, 6, 0, 1));
+}
+
+/// Accepts connections on a free loopback port and holds them, never
+/// reading or writing: a server that never answers.
+fn silent_listener(listener: tokio::net::TcpListener) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    })
+}
+
+#[tokio::test]
+async fn a_server_that_never_answers() {
+    // `build()` loads the script, so it fails within the connect timeout.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let silent = silent_listener(listener);
+    let connect_timeout = ms(300);
+    let (e, took) = within(
+        connect_timeout,
+        RedisFunnel::builder(format!("redis://127.0.0.1:{port}/"))
+            .rate(slow())
+            .connect_timeout(connect_timeout)
+            .build(),
+    )
+    .await;
+    assert!(took >= connect_timeout, "gave up after {took:?}");
+    assert!(
+        matches!(e, Err(RedisBuildError::Timeout { timeout }) if timeout == connect_timeout),
+        "{e:?}"
+    );
+    silent.abort();
+
+    // A limiter built against a server that is replaced by a silent one:
+    // each decision answers within its deadline, by the policy.
+    let Some(mut server) = RedisServer::start("a_server_that_never_answers") else {
+        return;
+    };
+    let timeout = ms(100);
+    let build = |policy| {
+        RedisFunnel::builder(server.url())
+            .rate(slow())
+            .capacity(2)
+            .failure_policy(policy)
+            .timeout(timeout)
+            .connect_timeout(ms(1000))
+            .clone()
+    };
+    let open = build(FailurePolicy::Open).build().await.unwrap();
+    let closed = build(FailurePolicy::Closed).build().await.unwrap();
+    let port = server.port();
+    server.kill();
+    let silent = silent_listener(
+        tokio::net::TcpListener::bind(("127.0.0.1", port))
+            .await
+            .unwrap(),
+    );
+    sleep(CLOSE_PROPAGATION).await;
+    for _ in 0..3 {
+        let (r, _) = within(timeout, open.try_acquire_many("k", 2)).await;
+        r.unwrap();
+        let (r, _) = within(timeout, closed.try_acquire_many("k", 2)).await;
+        assert!(
+            matches!(r, Err(RedisLimitError::Timeout { timeout: t }) if t == timeout),
+            "{r:?}"
+        );
+    }
+    let (answers, _) = within(timeout, closed.try_acquire_many_keys(&[("k", 1), ("j", 1)])).await;
+    assert!(
+        answers
+            .iter()
+            .all(|a| a.as_ref().is_err_and(RedisLimitError::is_backend_failure)),
+        "{answers:?}"
+    );
+    silent.abort();
+    // Each limiter's first decision found the connection closed and
+    // reconnected (to the silent listener) within its deadline.
+    let (o, c) = (open.stats(), closed.stats());
+    assert_eq!(
+        (
+            o.decisions,
+            o.backend_errors,
+            o.timeouts,
+            o.fail_open_grants
+        ),
+        (3, 3, 3, 3)
+    );
+    assert_eq!(
+        (
+            c.decisions,
+            c.backend_errors,
+            c.timeouts,
+            c.fail_open_grants
+        ),
+        (5, 5, 5, 0)
+    );
+    assert_eq!((o.retries, c.retries), (1, 1));
+}
+
+/// A loopback proxy to `upstream` that loses one reply: the first client
+/// chunk that carries an `EVALSHA` is passed on, and then that connection
+/// is closed without passing back what Redis answered. Every other byte,
+/// and every later connection, goes through unchanged.
+fn reply_losing_proxy(
+    listener: tokio::net::TcpListener,
+    upstream: u16,
+) -> tokio::task::JoinHandle<()> {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let lost = Arc::new(AtomicBool::new(false));
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let server = tokio::net::TcpStream::connect(("127.0.0.1", upstream))
+                .await
+                .unwrap();
+            let lost = lost.clone();
+            tokio::spawn(async move {
+                let (mut cr, mut cw) = client.into_split();
+                let (mut sr, mut sw) = server.into_split();
+                let back = tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut sr, &mut cw).await;
+                });
+                let mut buf = vec![0u8; 64 * 1024];
+                while let Ok(n @ 1..) = cr.read(&mut buf).await {
+                    let chunk = &buf[..n];
+                    if sw.write_all(chunk).await.is_err() {
+                        break;
+                    }
+                    let evalsha = chunk.windows(7).any(|w| w == b"EVALSHA");
+                    if evalsha && !lost.swap(true, Ordering::SeqCst) {
+                        // Redis runs it; the client never hears.
+                        back.abort();
+                        sleep(ms(20)).await;
+                        return;
+                    }
+                }
+                let _ = back.await;
+            });
+        }
+    })
+}
+
+#[tokio::test]
+async fn a_request_that_may_have_run_is_not_sent_again() {
+    let Some(server) = RedisServer::start("a_request_that_may_have_run_is_not_sent_again") else {
+        return;
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let proxy = reply_losing_proxy(listener, server.port());
+    let through_proxy = RedisFunnel::builder(format!("redis://127.0.0.1:{port}/"))
+        .rate(slow())
+        .capacity(2)
+        .prefix("p:")
+        .failure_policy(FailurePolicy::Closed)
+        .build()
+        .await
+        .unwrap();
+    let direct = funnel(&server, slow(), 2, "p:", FailurePolicy::Closed).await;
+    // Sent, run by Redis, its reply lost with the connection: a failure
+    // by the policy, not a second pour.
+    let (r, _) = within(through_proxy.timeout(), through_proxy.try_acquire("k")).await;
+    assert!(matches!(r, Err(RedisLimitError::Backend(_))), "{r:?}");
+    assert_eq!(counts(&through_proxy), (1, 0, 0, 1, 0, 0, 0));
+    // Redis ran it once: one of the two units is left.
+    direct.try_acquire("k").await.unwrap();
+    assert!(is_limited(&direct.try_acquire("k").await));
+    // The proxy passes everything from now on: the limiter reconnected.
+    assert!(is_limited(&through_proxy.try_acquire("k").await));
+    proxy.abort();
+}
+
+#[test]
+fn threads_hammering_one_key_get_the_rate() {
+    const RATE: u32 = 1000;
+    const CAPACITY: u32 = 100;
+    let Some(server) = RedisServer::start("threads_hammering_one_key_get_the_rate") else {
+        return;
+    };
+    let url = server.url();
+    // Three OS threads, each with its own runtime and its own limiter (as
+    // three replicas would), ask for one unit as fast as Redis answers.
+    let threads: Vec<_> = (0..3)
+        .map(|_| {
+            let url = url.clone();
+            std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                rt.block_on(async move {
+                    let limiter = RedisFunnel::builder(url)
+                        .rate(Rate::per_second(RATE))
+                        .capacity(CAPACITY)
+                        .prefix("threads:")
+                        .failure_policy(FailurePolicy::Closed)
+                        .build()
+                        .await
+                        .unwrap();
+                    let deadline = Instant::now() + ms(1000);
+                    let mut times = Vec::new();
+                    let mut granted = 0u64;
+                    while Instant::now() < deadline {
+                        let d = limiter.decide("one-key", 1).await.unwrap();
+                        times.push(micros(d.server_time));
+                        granted += u64::from(d.is_granted());
+                    }
+                    assert_eq!(limiter.stats().backend_errors, 0);
+                    (granted, times)
+                })
+            })
+        })
+        .collect();
+    let (mut granted, mut times) = (0, Vec::new());
+    for t in threads {
+        let (g, ts) = t.join().unwrap();
+        granted += g;
+        times.extend(ts);
+    }
+    let (first, last) = (*times.iter().min().unwrap(), *times.iter().max().unwrap());
+    let t = last - first;
+    // Over [first, last] of the server's clock, a full funnel grants its
+    // capacity plus one unit per interval: never more, and under this
+    // demand (capacity 100 = 100 ms of stall absorbed) at least 99 % of it.
+    let bound = u64::from(CAPACITY) + u64::from(RATE) * t / 1_000_000;
+    let floor = bound * 99 / 100;
+    eprintln!(
+        "three threads: {granted} granted of {} decisions over {t} µs (server time); \
+         bound {bound}, floor {floor}",
+        times.len()
+    );
+    assert!(t >= 900_000, "the threads ran for {t} µs");
+    assert!(granted <= bound, "{granted} > {bound}");
+    assert!(granted >= floor, "{granted} < {floor}");
+    assert!(
+        times.len() as u64 > granted,
+        "demand did not exceed the limit"
+    );
+}

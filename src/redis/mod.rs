@@ -88,9 +88,18 @@
 //! to make one connection attempt per reconnection, without backoff, so
 //! while Redis refuses connections a decision fails at once (in about a
 //! tenth of a millisecond on loopback) instead of waiting out its deadline,
-//! and the first decision after Redis is back reconnects. A Redis that
-//! accepts connections but does not answer (stalled, or a host that drops
-//! packets) costs each decision its full deadline.
+//! and the first decision after Redis is back reconnects.
+//!
+//! A connection the server closed while it was idle (`CLIENT KILL`, the
+//! server's idle `timeout`, a restart) is found closed by the next
+//! decision before its request is sent: that decision reconnects and sends
+//! its request once more, within the same deadline, so Redis decides it
+//! (counted in [`RedisStats::retries`]). A request that may have been sent
+//! is never sent again — the script pours, and Redis may have run it — so
+//! a connection lost while a request is in flight fails that decision by
+//! the policy. A Redis that accepts connections but does not answer
+//! (stalled, or a host that drops packets) costs each decision its full
+//! deadline.
 //!
 //! Waiting (`acquire`) is a loop of decisions: sleep `retry_after`, ask
 //! again. There is no queue shared between replicas, so waiters are not
@@ -108,8 +117,11 @@
 mod repr;
 
 use std::fmt;
+use std::future::poll_fn;
+use std::pin::pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::task::Poll;
 use std::time::{Duration, SystemTime};
 
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -305,6 +317,10 @@ pub struct RedisStats {
     /// Of the backend errors, how many were granted by
     /// [`FailurePolicy::Open`].
     pub fail_open_grants: u64,
+    /// Decisions sent a second time because the first attempt found the
+    /// connection already closed, before anything was sent (counted once
+    /// in `decisions`, whatever the second attempt answered).
+    pub retries: u64,
 }
 
 #[derive(Default)]
@@ -315,6 +331,7 @@ struct Counters {
     backend_errors: AtomicU64,
     timeouts: AtomicU64,
     fail_open_grants: AtomicU64,
+    retries: AtomicU64,
 }
 
 /// One decision as Redis made it, from [`RedisFunnel::decide`].
@@ -479,13 +496,15 @@ impl Builder {
             .map_err(RedisBuildError::Redis)?;
         let script = Script::new(SCRIPT);
         match tokio::time::timeout(self.connect_timeout, script.load_async(&mut conn)).await {
-            Err(_) => {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) if !e.is_timeout() => return Err(RedisBuildError::Redis(e)),
+            // The connection attempt has the same timeout as ours, and
+            // either may fire first: both are this one failure.
+            Err(_) | Ok(Err(_)) => {
                 return Err(RedisBuildError::Timeout {
                     timeout: self.connect_timeout,
                 });
             }
-            Ok(Err(e)) => return Err(RedisBuildError::Redis(e)),
-            Ok(Ok(_)) => {}
         }
         Ok(RedisFunnel {
             inner: Arc::new(Inner {
@@ -658,19 +677,19 @@ impl RedisFunnel {
             .map(|(&r, _)| r)
             .collect();
         if !asked.is_empty() {
-            let mut decided =
-                match tokio::time::timeout(self.inner.timeout, self.eval_many(&asked)).await {
-                    Ok(Ok(replies)) => replies
-                        .into_iter()
-                        .map(|r| match r.and_then(Answer::parse) {
-                            Ok(answer) => self.answered(answer),
-                            Err(e) => self.failed(self.backend(e), 1),
-                        })
-                        .collect(),
-                    Ok(Err(e)) => self.failed_all(&self.backend(e), asked.len()),
-                    Err(_) => self.failed_all(&self.timed_out(), asked.len()),
-                }
-                .into_iter();
+            let batch = self.resend_if_unsent(|| self.eval_many(&asked));
+            let mut decided = match tokio::time::timeout(self.inner.timeout, batch).await {
+                Ok(Ok(replies)) => replies
+                    .into_iter()
+                    .map(|r| match r.and_then(Answer::parse) {
+                        Ok(answer) => self.answered(answer),
+                        Err(e) => self.failed(self.backend(e), 1),
+                    })
+                    .collect(),
+                Ok(Err(e)) => self.failed_all(&self.backend(e), asked.len()),
+                Err(_) => self.failed_all(&self.timed_out(), asked.len()),
+            }
+            .into_iter();
             for slot in answers.iter_mut().filter(|a| a.is_none()) {
                 *slot = decided.next();
                 if slot.is_none() {
@@ -739,6 +758,7 @@ impl RedisFunnel {
             backend_errors: get(&c.backend_errors),
             timeouts: get(&c.timeouts),
             fail_open_grants: get(&c.fail_open_grants),
+            retries: get(&c.retries),
         }
     }
 
@@ -786,18 +806,66 @@ impl RedisFunnel {
         }
     }
 
-    /// One script call, within the deadline.
+    /// One script call, within the deadline (a second attempt included,
+    /// see [`resend_if_unsent`](Self::resend_if_unsent)).
     async fn eval(&self, key: &str, n: u32) -> Result<Answer, RedisLimitError> {
-        let mut conn = self.inner.conn.clone();
-        let mut call = self.inner.script.prepare_invoke();
-        self.script_args(&mut call, key, n);
-        // `invoke_async` sends EVALSHA, and on NOSCRIPT loads the script
-        // and sends it again.
-        let reply = call.invoke_async::<Reply>(&mut conn);
-        match tokio::time::timeout(self.inner.timeout, reply).await {
+        let attempt = || {
+            let mut conn = self.inner.conn.clone();
+            let mut call = self.inner.script.prepare_invoke();
+            self.script_args(&mut call, key, n);
+            // `invoke_async` sends EVALSHA, and on NOSCRIPT loads the
+            // script and sends it again.
+            async move { call.invoke_async::<Reply>(&mut conn).await }
+        };
+        match tokio::time::timeout(self.inner.timeout, self.resend_if_unsent(attempt)).await {
             Err(_) => Err(self.timed_out()),
             Ok(Err(e)) => Err(self.backend(e)),
             Ok(Ok(reply)) => Answer::parse(reply).map_err(RedisLimitError::Backend),
+        }
+    }
+
+    /// Runs `attempt`, and runs it once more if it failed before its
+    /// request could leave this process; the caller's deadline covers
+    /// both.
+    ///
+    /// The script pours, so a request Redis may have run must not be sent
+    /// again. The `redis` crate reports a connection closed before the send
+    /// and one closed after it with the same error (`BrokenPipe`, from its
+    /// connection task having ended), so the error alone proves nothing.
+    /// What proves it is *when* it came: the connection manager hands a
+    /// request to its connection task through a channel, and only that
+    /// task writes to the socket. An attempt that fails on its first poll
+    /// with a dropped connection failed in that hand-over — the task had
+    /// already ended (the server closed the idle connection: `CLIENT KILL`,
+    /// its idle `timeout`, a restart) or the reconnection had already
+    /// failed — so nothing was written, and the manager is now
+    /// reconnecting. (On a multi-thread runtime that task runs alongside;
+    /// for a request it wrote to fail within our one poll, Redis would have
+    /// to receive and run it and the close come back between two steps of
+    /// that poll, well under one loopback round trip.) Any later failure
+    /// may follow a write, and stands. The
+    /// first poll runs unconstrained so that a caller's spent cooperative
+    /// budget cannot turn that hand-over into `Pending` (tokio 1.54 reports
+    /// a closed channel before it checks the budget, but does not promise
+    /// to).
+    async fn resend_if_unsent<T, F, Fut>(&self, mut attempt: F) -> RedisResult<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
+        let mut first = pin!(tokio::task::unconstrained(attempt()));
+        match poll_fn(|cx| Poll::Ready(first.as_mut().poll(cx))).await {
+            Poll::Ready(Err(e)) if e.is_connection_dropped() => {
+                self.inner.counters.retries.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(
+                    prefix = %self.inner.prefix,
+                    error = %e,
+                    "redis rate limiter: connection closed before the request was sent, sending again",
+                );
+                attempt().await
+            }
+            Poll::Ready(result) => result,
+            Poll::Pending => first.await,
         }
     }
 

@@ -21,6 +21,8 @@ pub(crate) struct RedisServer {
     dir: PathBuf,
     binary: String,
     debug_flag: bool,
+    /// Extra `--option value` arguments, kept across restarts.
+    config: Vec<String>,
 }
 
 fn binary() -> String {
@@ -56,6 +58,16 @@ impl RedisServer {
     /// When `redis-server` is missing and `REQUIRE_REDIS=1`, or when it
     /// does not start.
     pub(crate) fn start(name: &str) -> Option<RedisServer> {
+        Self::start_with(name, &[])
+    }
+
+    /// As [`start`](Self::start), with extra configuration arguments (such
+    /// as `["--timeout", "1"]`), kept across [`restart`](Self::restart).
+    ///
+    /// # Panics
+    ///
+    /// As [`start`](Self::start).
+    pub(crate) fn start_with(name: &str, config: &[&str]) -> Option<RedisServer> {
         let binary = binary();
         let Some(major) = major_version(&binary) else {
             let msg = format!(
@@ -88,6 +100,7 @@ impl RedisServer {
             binary,
             // DEBUG is off by default from Redis 7 on.
             debug_flag: major >= 7,
+            config: config.iter().map(|&a| a.to_owned()).collect(),
         };
         for _ in 0..10 {
             server.port = free_port();
@@ -112,6 +125,7 @@ impl RedisServer {
         if self.debug_flag {
             cmd.args(["--enable-debug-command", "local"]);
         }
+        cmd.args(&self.config);
         let mut child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -159,6 +173,34 @@ impl RedisServer {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+
+    /// Sends the running server `signal` (a name `kill` knows, such as
+    /// `"STOP"`).
+    ///
+    /// # Panics
+    ///
+    /// When the server is not running or `kill` fails.
+    fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("the server is not running").id();
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(pid.to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{signal} {pid}: {status}");
+    }
+
+    /// Stalls the server (SIGSTOP): its connections stay open, the kernel
+    /// still accepts new ones, and nothing is answered until
+    /// [`cont`](Self::cont).
+    pub(crate) fn stop(&self) {
+        self.signal("STOP");
+    }
+
+    /// Resumes a server stalled by [`stop`](Self::stop) (SIGCONT).
+    pub(crate) fn cont(&self) {
+        self.signal("CONT");
     }
 
     /// Starts a fresh server on the same port (after [`kill`](Self::kill)).
