@@ -23,14 +23,13 @@
 //! The cell also keeps the *timer credit*: the due time of the latest waiter
 //! that the timer released late. See [`Cell::arrival`].
 
-use std::sync::atomic::{AtomicU64, Ordering, fence};
 use std::time::Duration;
 
-use portable_atomic::AtomicU128;
 use tokio::time::Instant;
 
 use crate::algorithm::{Booking, MAX_TIME, Params, Release};
 use crate::clock;
+use crate::sync::{AtomicU64, AtomicU128, Ordering, fence, spin_loop};
 
 const TAT_MASK: u128 = MAX_TIME;
 const GEN_SHIFT: u32 = 100;
@@ -147,7 +146,7 @@ impl Cell {
             let word = self.word.load(Ordering::Acquire);
             if generation(word) & 1 == 1 {
                 // A rate change is being written; it takes a few instructions.
-                std::hint::spin_loop();
+                spin_loop();
                 continue;
             }
             let params = Params::from_parts(
