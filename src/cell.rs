@@ -552,7 +552,8 @@ mod tests {
 /// one of the results of running the same operations one at a time in some
 /// order (linearizability), checked against a plain sequential model of the
 /// word built from [`Params`]. Run with
-/// `RUSTFLAGS="--cfg tokio_ratelimit_loom" cargo test --lib --release loom`.
+/// `RUSTFLAGS="--cfg tokio_ratelimit_loom" cargo test --lib loom_` (as
+/// `.ci/run` does, with `LOOM_MAX_PREEMPTIONS=4`).
 #[cfg(all(test, tokio_ratelimit_loom))]
 mod loom_tests {
     use loom::sync::Arc;
