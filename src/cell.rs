@@ -729,8 +729,10 @@ mod loom_tests {
         });
     }
 
-    /// A loom model with a preemption bound (unless `LOOM_MAX_PREEMPTIONS`
-    /// sets one): the bugs these models look for need at most two.
+    /// A loom model with a preemption bound of 3 unless
+    /// `LOOM_MAX_PREEMPTIONS` sets one (CI: 4): unbounded, the three-thread
+    /// models take a minute and more; at 3 every deliberate breakage tried
+    /// on the cell was still caught.
     fn model(f: impl Fn() + Send + Sync + 'static) {
         let mut builder = loom::model::Builder::new();
         if builder.preemption_bound.is_none() {
