@@ -199,6 +199,7 @@ mod reservation;
 pub mod smooth;
 mod stats;
 pub mod stream;
+mod sync;
 #[cfg(feature = "test-util")]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod test_util;
