@@ -104,8 +104,8 @@ struct Load {
     run: Duration,
     max_n: u32,
     slots: usize,
-    /// Made before the limiter is built: the upper bound's window starts
-    /// here, so that it covers anything stored before the first call.
+    /// Made before the limiter is built: for a limiter that stores idle
+    /// time, the upper bound's window starts here.
     origin: Instant,
 }
 
@@ -131,15 +131,17 @@ struct Tally {
     refused: u64,
     /// Waits given up by dropping the future.
     cancelled: u64,
-    /// From before the limiter was built to after the last grant.
+    /// From before the first call to after the last grant.
     upper: Duration,
+    /// From before the limiter was built to before the first call.
+    built: Duration,
     /// Over grants by threads, from the start of the attempt before (by
     /// any thread) to the end of the granted one: at most that long, the
     /// limiter had a permit and nobody asked for it. (Not measured for
     /// tasks.)
     lag: Duration,
     /// Per slot, from before the first call to the last instant the slot
-    /// was seen drained (threads), or to the end of demand (tasks).
+    /// was seen drained (each run ends by draining every slot).
     lower: Vec<Duration>,
 }
 
@@ -204,7 +206,8 @@ impl Shared {
                 .collect(),
             refused: self.refused.load(Ordering::Relaxed),
             cancelled: self.cancelled.load(Ordering::Relaxed),
-            upper: start - origin + Duration::from_nanos(self.last_grant.load(Ordering::Relaxed)),
+            upper: Duration::from_nanos(self.last_grant.load(Ordering::Relaxed)),
+            built: start - origin,
             lag: Duration::from_nanos(self.lag.load(Ordering::Relaxed)),
             lower: (0..self.granted.len()).map(lower).collect(),
         }
@@ -218,15 +221,23 @@ impl Shared {
 /// instant near the end: its lower bound runs to the last such instant.
 fn hammer(load: Load, attempt: impl Fn(usize, u32) -> bool + Sync) -> Tally {
     let shared = Shared::new(load.slots);
-    let barrier = Barrier::new(load.callers + 1);
-    // Before the first call: every call reads the clock after this.
-    let start = Instant::now();
+    // Every thread is spawned when the first barrier opens; the clock is
+    // read, and the second one lets them go: so the start is before the
+    // first call, and barely (a bucket is full then, and what would fall
+    // due before the first call is lost to the cap).
+    let (spawned, go) = (
+        Barrier::new(load.callers + 1),
+        Barrier::new(load.callers + 1),
+    );
+    let start = std::sync::OnceLock::new();
     std::thread::scope(|scope| {
         for caller in 0..load.callers {
-            let (shared, barrier, attempt) = (&shared, &barrier, &attempt);
+            let (shared, spawned, go, start, attempt) = (&shared, &spawned, &go, &start, &attempt);
             scope.spawn(move || {
                 let mut rng = Rng::new(caller as u64 + 1);
-                barrier.wait();
+                spawned.wait();
+                go.wait();
+                let start = *start.get().expect("set before the second barrier");
                 while !shared.stop.load(Ordering::Relaxed) {
                     let slot = usize::try_from(rng.below(load.slots as u64)).unwrap();
                     let n = rng.weight(load.max_n);
@@ -253,10 +264,13 @@ fn hammer(load: Load, attempt: impl Fn(usize, u32) -> bool + Sync) -> Tally {
                 }
             });
         }
-        barrier.wait();
+        spawned.wait();
+        start.set(Instant::now()).unwrap();
+        go.wait();
         std::thread::sleep(load.run);
         shared.stop.store(true, Ordering::Relaxed);
     });
+    let start = start.into_inner().unwrap();
     shared.tally(load.origin, start, |slot| {
         Duration::from_nanos(shared.drained[slot].load(Ordering::Relaxed))
     })
@@ -301,13 +315,8 @@ fn refusal(error: AcquireError) {
 /// `slots[i]` for a random `i`. A refused task yields before its next try,
 /// so that busy refusals do not starve the waiters on the two workers.
 /// When demand stops, every task finishes what it is waiting for, and
-/// (with [`Drain::Yes`]) the limiters are drained as in [`hammer`].
-async fn storm(
-    load: Load,
-    ops: &'static [Op],
-    drain: Drain,
-    slots: Vec<Arc<dyn Limiter>>,
-) -> Tally {
+/// the limiters are drained as in [`hammer`].
+async fn storm(load: Load, ops: &'static [Op], slots: Vec<Arc<dyn Limiter>>) -> Tally {
     assert_eq!(slots.len(), load.slots);
     let shared = Arc::new(Shared::new(load.slots));
     let slots = Arc::new(slots);
@@ -368,41 +377,26 @@ async fn storm(
         .collect();
     tokio::time::sleep(load.run).await;
     shared.stop.store(true, Ordering::Relaxed);
-    let stopped = start.elapsed();
     for task in tasks {
         task.await.unwrap();
     }
-    if drain == Drain::Yes {
-        // What the tasks left (tokens, stored permits) is taken, so that
-        // the lower bound can run to when each limiter was empty.
-        for (slot, limiter) in slots.iter().enumerate() {
-            loop {
-                let at = Shared::since(start);
-                if try_once(limiter.as_ref(), 1) {
-                    shared.grant(start, slot, 1);
-                } else {
-                    shared.refused.fetch_add(1, Ordering::Relaxed);
-                    shared.drained[slot].store(at, Ordering::Relaxed);
-                    break;
-                }
+    // What the tasks left (tokens, stored permits) is taken, so that the
+    // lower bound can run to when each limiter was empty.
+    for (slot, limiter) in slots.iter().enumerate() {
+        loop {
+            let at = Shared::since(start);
+            if try_once(limiter.as_ref(), 1) {
+                shared.grant(start, slot, 1);
+            } else {
+                shared.refused.fetch_add(1, Ordering::Relaxed);
+                shared.drained[slot].store(at, Ordering::Relaxed);
+                break;
             }
         }
-        shared.tally(load.origin, start, |slot| {
-            Duration::from_nanos(shared.drained[slot].load(Ordering::Relaxed))
-        })
-    } else {
-        shared.tally(load.origin, start, |_| stopped)
     }
-}
-
-/// Whether [`storm`] drains the limiters after the tasks end.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Drain {
-    /// With `try_acquire`: the lower bound runs to when each was empty.
-    Yes,
-    /// For limiters reached without `try_acquire`: the lower bound runs to
-    /// the end of demand, and what is left in the limiter is not counted.
-    No,
+    shared.tally(load.origin, start, |slot| {
+        Duration::from_nanos(shared.drained[slot].load(Ordering::Relaxed))
+    })
 }
 
 /// What a run must stay within, per slot.
@@ -416,6 +410,13 @@ struct Bound {
     /// Added to T in the upper bound: zero for `try_acquire`, the timer's
     /// ticks for waiters.
     slack: Duration,
+    /// Whether the upper bound's window starts when the limiter was built
+    /// (it stores idle time, from empty) rather than at the first call (a
+    /// bucket is full then, whenever it was built).
+    from_build: bool,
+    /// Permits the lower bound expects on top of rate × T': the capacity
+    /// of a bucket, which starts full and is drained at the end.
+    floor_burst: u64,
     /// Taken off T' in the lower bound (a warm-up limiter's slow start).
     deficit: Duration,
     /// The lower bound's rate: `rate`, or less for a limiter that may be
@@ -433,6 +434,8 @@ impl Bound {
             rate,
             burst,
             slack: Duration::ZERO,
+            from_build: false,
+            floor_burst: 0,
             deficit: Duration::ZERO,
             floor: rate,
             lag: false,
@@ -467,11 +470,18 @@ impl Bound {
 
 /// Asserts the upper bound per slot and the lower bound over all slots.
 fn check(what: &str, tally: &Tally, bound: Bound) {
-    let allowed = bound.burst + bound.over(tally.upper + bound.slack);
+    let window = tally.upper
+        + bound.slack
+        + if bound.from_build {
+            tally.built
+        } else {
+            Duration::ZERO
+        };
+    let allowed = bound.burst + bound.over(window);
     let due: u64 = tally
         .lower
         .iter()
-        .map(|&span| per(bound.floor, bound.due_span(span, tally.lag)))
+        .map(|&span| bound.floor_burst + per(bound.floor, bound.due_span(span, tally.lag)))
         .sum();
     #[expect(clippy::cast_precision_loss, reason = "counts far below 2^52")]
     let (granted, due_f) = (tally.granted() as f64, due as f64);
@@ -490,10 +500,9 @@ fn check(what: &str, tally: &Tally, bound: Bound) {
     for (slot, &granted) in tally.granted.iter().enumerate() {
         assert!(
             granted <= allowed,
-            "{what}: over-admitted on slot {slot}: granted {granted} > {} + {} × {:?} = {allowed}",
+            "{what}: over-admitted on slot {slot}: granted {granted} > {} + {} × {window:?} = {allowed}",
             bound.burst,
             bound.rate,
-            tally.upper + bound.slack,
         );
     }
     assert!(
@@ -558,14 +567,18 @@ fn tasks<L: Limiter + 'static>(
     let rt = runtime();
     let load = Load::new(tasks, max_n, 1);
     let limiter: Arc<dyn Limiter> = Arc::new(rt.block_on(async { build() }));
-    let tally = rt.block_on(storm(load, ALL, Drain::Yes, vec![Arc::clone(&limiter)]));
+    let tally = rt.block_on(storm(load, ALL, vec![Arc::clone(&limiter)]));
     check(what, &tally, bound.waiters());
     check_stats(what, limiter.stats(), &tally);
 }
 
-/// The bucket family's bound: exact, `CAPACITY + RATE × T`.
+/// The bucket family's bound: exact, `CAPACITY + RATE × T`; and drained,
+/// at least 99 % of `CAPACITY + RATE × T'`.
 fn bucket_bound() -> Bound {
-    Bound::exact(RATE, u64::from(CAPACITY))
+    Bound {
+        floor_burst: u64::from(CAPACITY),
+        ..Bound::exact(RATE, u64::from(CAPACITY))
+    }
 }
 
 fn rate() -> Rate {
@@ -684,7 +697,10 @@ fn warming_up() -> SmoothWarmingUp {
 /// Guava's bound for `SmoothBursty`: rate × (stored time + T) plus one
 /// request, with no truncation term at [`SMOOTH_RATE`].
 fn bursty_bound() -> Bound {
-    Bound::exact(SMOOTH_RATE, u64::from(SMOOTH_MAX_N))
+    Bound {
+        from_build: true,
+        ..Bound::exact(SMOOTH_RATE, u64::from(SMOOTH_MAX_N))
+    }
 }
 
 /// `SmoothWarmingUp`'s bound: stored permits are never free, so rate × T
@@ -770,7 +786,10 @@ fn key_limit(keys: usize) -> (Rate, u32, Bound) {
     } else {
         (KEY_RATE, KEY_CAPACITY)
     };
-    let bound = Bound::exact(rate, u64::from(capacity));
+    let bound = Bound {
+        floor_burst: u64::from(capacity),
+        ..Bound::exact(rate, u64::from(capacity))
+    };
     (Rate::per_second(rate.try_into().unwrap()), capacity, bound)
 }
 
@@ -925,7 +944,7 @@ fn keyed_tasks<M: Map>(
             }) as Arc<dyn Limiter>
         })
         .collect();
-    let tally = rt.block_on(storm(load, NO_TIMEOUT, Drain::Yes, slots));
+    let tally = rt.block_on(storm(load, NO_TIMEOUT, slots));
     check(what, &tally, bound.waiters());
     check_keyed_stats(what, map.stats(), &tally, limited);
 }
@@ -1021,8 +1040,14 @@ fn counting(
 
 /// A tower service as a [`Limiter`] for [`storm`]: `acquire` is one
 /// request through it (`oneshot`: `poll_ready`, then `call`), granted when
-/// it answers `Ok`. Only `acquire` is offered ([`THROUGH`]).
-struct Through<S>(S);
+/// it answers `Ok`. The tasks only wait ([`THROUGH`]); `try_acquire` goes
+/// to the bucket behind the service directly, for the drain at the end,
+/// and counts in `direct`.
+struct Through<S> {
+    service: S,
+    bucket: TokenBucket,
+    direct: AtomicU64,
+}
 
 /// The operations of a run through a service: waiting, and giving up.
 const THROUGH: &[Op] = &[Op::Acquire, Op::Cancel];
@@ -1035,15 +1060,19 @@ where
 {
     async fn acquire_many(&self, n: u32) -> Result<(), AcquireError> {
         assert_eq!(n, 1, "a request takes one permit");
-        self.0
+        self.service
             .clone()
             .oneshot(0)
             .await
             .map_err(|error| panic!("a token bucket behind a RateLimit never refuses: {error}"))
     }
 
-    fn try_acquire_many(&self, _: u32) -> Result<(), TryAcquireError> {
-        unreachable!("not among the operations of a run through a service")
+    fn try_acquire_many(&self, n: u32) -> Result<(), TryAcquireError> {
+        let result = self.bucket.try_acquire_many(n);
+        if result.is_ok() {
+            self.direct.fetch_add(u64::from(n), Ordering::Relaxed);
+        }
+        result
     }
 
     async fn acquire_timeout(&self, _: u32, _: Duration) -> Result<(), AcquireError> {
@@ -1062,19 +1091,21 @@ fn tower_rate_limit_tasks() {
     let load = Load::new(2 * TASKS, 1, 1);
     let bucket = rt.block_on(async { token_bucket() });
     let calls = Arc::new(AtomicU64::new(0));
-    let service = RateLimitLayer::new(bucket.clone()).layer(counting(&calls));
-    let tally = rt.block_on(storm(
-        load,
-        THROUGH,
-        Drain::No,
-        vec![Arc::new(Through(service))],
-    ));
+    let through = Arc::new(Through {
+        service: RateLimitLayer::new(bucket.clone()).layer(counting(&calls)),
+        bucket: bucket.clone(),
+        direct: AtomicU64::new(0),
+    });
+    let slots = vec![Arc::clone(&through) as Arc<dyn Limiter>];
+    let tally = rt.block_on(storm(load, THROUGH, slots));
     let what = "RateLimitLayer tasks";
     check(what, &tally, bucket_bound().waiters());
+    let calls = calls.load(Ordering::Relaxed);
+    let direct = through.direct.load(Ordering::Relaxed);
     assert_eq!(
-        calls.load(Ordering::Relaxed),
+        calls + direct,
         tally.granted(),
-        "{what}: inner calls"
+        "{what}: inner calls + drained"
     );
     check_stats(what, bucket.stats(), &tally);
 }
