@@ -63,6 +63,10 @@ const SMOOTH_RATE: u64 = 31_250;
 /// late may take a credit for its lateness: one tick for each.
 const WAITER_SLACK: Duration = Duration::from_millis(2);
 
+/// Longer than any limiter here takes to hand out what it holds at the
+/// end of a run.
+const DRAIN_LIMIT: Duration = Duration::from_millis(200);
+
 /// The share of rate × T that saturating demand must get.
 const LOWER: f64 = 0.99;
 
@@ -195,6 +199,28 @@ impl Shared {
             .fetch_max(Shared::since(start), Ordering::Relaxed);
     }
 
+    /// Takes single permits from `slot` until refused, and notes when
+    /// that refusal was asked for: the slot was empty then. A limiter that
+    /// does not run dry within [`DRAIN_LIMIT`] fails the test rather than
+    /// hanging it.
+    fn drain(&self, start: Instant, slot: usize, attempt: impl Fn() -> bool) {
+        let limit = Instant::now() + DRAIN_LIMIT;
+        loop {
+            let at = Shared::since(start);
+            if attempt() {
+                self.grant(start, slot, 1);
+                assert!(
+                    Instant::now() < limit,
+                    "slot {slot} never runs dry: it over-admits"
+                );
+            } else {
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                self.drained[slot].fetch_max(at, Ordering::Relaxed);
+                return;
+            }
+        }
+    }
+
     /// The tally of a run that started at `start`, for a limiter built
     /// after `origin`.
     fn tally(&self, origin: Instant, start: Instant, lower: impl Fn(usize) -> Duration) -> Tally {
@@ -251,16 +277,7 @@ fn hammer(load: Load, attempt: impl Fn(usize, u32) -> bool + Sync) -> Tally {
                     }
                 }
                 for slot in 0..load.slots {
-                    loop {
-                        let at = Shared::since(start);
-                        if attempt(slot, 1) {
-                            shared.grant(start, slot, 1);
-                        } else {
-                            shared.refused.fetch_add(1, Ordering::Relaxed);
-                            shared.drained[slot].fetch_max(at, Ordering::Relaxed);
-                            break;
-                        }
-                    }
+                    shared.drain(start, slot, || attempt(slot, 1));
                 }
             });
         }
@@ -383,16 +400,7 @@ async fn storm(load: Load, ops: &'static [Op], slots: Vec<Arc<dyn Limiter>>) -> 
     // What the tasks left (tokens, stored permits) is taken, so that the
     // lower bound can run to when each limiter was empty.
     for (slot, limiter) in slots.iter().enumerate() {
-        loop {
-            let at = Shared::since(start);
-            if try_once(limiter.as_ref(), 1) {
-                shared.grant(start, slot, 1);
-            } else {
-                shared.refused.fetch_add(1, Ordering::Relaxed);
-                shared.drained[slot].store(at, Ordering::Relaxed);
-                break;
-            }
-        }
+        shared.drain(start, slot, || try_once(limiter.as_ref(), 1));
     }
     shared.tally(load.origin, start, |slot| {
         Duration::from_nanos(shared.drained[slot].load(Ordering::Relaxed))
@@ -542,8 +550,10 @@ fn try_once(limiter: &dyn Limiter, n: u32) -> bool {
 
 /// Threads, callers of the thread tests.
 const THREADS: usize = 4;
-/// Tasks, callers of the runtime tests.
-const TASKS: usize = 16;
+/// Tasks, callers of the runtime tests: enough that the waiters queued
+/// when demand stops reach several ticks ahead (64 × 2.5 permits is 8 ms
+/// at 20 000/s), so that a waiter granted before its turn shows.
+const TASKS: usize = 64;
 
 /// The thread test of one limiter: `build` runs inside a runtime (the
 /// actors' home, idle here) after the load is made.
@@ -623,15 +633,14 @@ fn leaky_bucket_meter_threads() {
     threads("LeakyBucket meter threads", 4, bucket_bound(), leaky_bucket);
 }
 
-/// The shaper only delivers its rate while water is queued, so more
-/// tasks: enough that the queued requests outlast a timer tick and a
-/// late wake.
+/// The shaper only delivers its rate while water is queued: the tasks'
+/// requests (8 ms of water) outlast a timer tick and a late wake.
 #[test]
 fn leaky_bucket_shaper_tasks() {
     let _serial = serial();
     tasks(
         "LeakyBucket shaper tasks",
-        4 * TASKS,
+        TASKS,
         4,
         bucket_bound(),
         leaky_bucket,
@@ -763,7 +772,7 @@ fn smooth_warming_up_tasks() {
     let _serial = serial();
     tasks(
         "SmoothWarmingUp tasks",
-        4 * TASKS,
+        TASKS,
         SMOOTH_MAX_N,
         warming_up_bound(),
         warming_up,
@@ -1088,7 +1097,7 @@ where
 fn tower_rate_limit_tasks() {
     let _serial = serial();
     let rt = runtime();
-    let load = Load::new(2 * TASKS, 1, 1);
+    let load = Load::new(TASKS, 1, 1);
     let bucket = rt.block_on(async { token_bucket() });
     let calls = Arc::new(AtomicU64::new(0));
     let through = Arc::new(Through {
