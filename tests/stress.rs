@@ -1,0 +1,1181 @@
+//! Real-thread stress tests: every limiter, raced by OS threads and by the
+//! tasks of a multi-thread runtime, in real time (not paused).
+//!
+//! The paused-clock tests check the arithmetic on one thread; these check
+//! that it survives contention. Each test makes saturating demand for a
+//! few hundred milliseconds — threads calling `try_acquire` and
+//! `try_acquire_many` in a tight loop ([`hammer`]), or tasks mixing
+//! `acquire`, `acquire_many`, `try_acquire` and `acquire_timeout` and
+//! dropping waits at random ([`storm`]) — and asserts, with every grant
+//! counted exactly:
+//!
+//! * **no over-admission**: per limiter (per key), granted ≤ burst +
+//!   rate × T, with `T` from before the limiter was built to after the last
+//!   grant: exactly for `try_acquire`, with [`WAITER_SLACK`] for waiters;
+//! * **no under-delivery**: granted ≥ 99 % of rate × T', with `T'` up to
+//!   the last instant the limiter was seen empty (each run ends by draining
+//!   it) — less, for `SmoothWarmingUp`, what Guava's warm-up gives up;
+//! * **exact counters**: `stats()` equals what the callers saw.
+//!
+//! The tests take [`SERIAL`] so that they never compete with each other
+//! for the machine's cores (the lower bound needs the callers to run),
+//! whatever `--test-threads` says.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use tokio_ratelimit::keyed::{Keyed, KeyedFunnel, KeyedLimiter, KeyedStats};
+use tokio_ratelimit::tower::{BoxError, KeyedRateLimitLayer, RateLimitLayer, RateLimited};
+use tokio_ratelimit::{
+    AcquireError, Funnel, LeakyBucket, Limiter, Rate, SmoothBursty, SmoothWarmingUp, Stats,
+    TokenBucket, TryAcquireError,
+};
+use tower::{Layer, ServiceExt, service_fn};
+
+/// One stress test at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// How long each test makes demand.
+const RUN: Duration = Duration::from_millis(400);
+
+/// The rate of the bucket family (token, leaky, funnel, keyed) in permits
+/// per second, and its capacity: 50 ms of the rate, so that callers all
+/// descheduled at once (on a loaded machine, for a few timeslices) lose
+/// nothing to the cap. The upper bound is exact whatever the capacity.
+const RATE: u64 = 20_000;
+const CAPACITY: u32 = 1_000;
+
+/// The smooth limiters' rate: 31 250/s is a stable interval of exactly
+/// 32 µs, a power of two, so Guava's microsecond arithmetic (fresh permits
+/// × interval, stored permits = idle µs / interval) is exact in doubles and
+/// no request is cheaper than its weight: the crate's per-request
+/// truncation term is zero here.
+const SMOOTH_RATE: u64 = 31_250;
+
+/// Grants to waiters come on tokio's 1 ms timer ticks, and a waiter woken
+/// late may take a credit for its lateness: one tick for each.
+const WAITER_SLACK: Duration = Duration::from_millis(2);
+
+/// Longer than any limiter here takes to hand out what it holds at the
+/// end of a run.
+const DRAIN_LIMIT: Duration = Duration::from_millis(200);
+
+/// The share of rate × T that saturating demand must get.
+const LOWER: f64 = 0.99;
+
+/// A small deterministic generator (xorshift64*), one per caller.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Uniform in `0..n`.
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    /// A request size: 1 half the time, else 2 to `max_n`.
+    fn weight(&mut self, max_n: u32) -> u32 {
+        if max_n == 1 || self.below(2) == 0 {
+            1
+        } else {
+            2 + u32::try_from(self.below(u64::from(max_n - 1))).unwrap()
+        }
+    }
+}
+
+/// The demand of a run: how many callers, for how long, asking for up to
+/// `max_n` permits at a time from one of `slots` limiters (keys).
+#[derive(Debug, Clone, Copy)]
+struct Load {
+    callers: usize,
+    run: Duration,
+    max_n: u32,
+    slots: usize,
+    /// Made before the limiter is built: for a limiter that stores idle
+    /// time, the upper bound's window starts here.
+    origin: Instant,
+}
+
+impl Load {
+    /// Make it before building the limiter.
+    fn new(callers: usize, max_n: u32, slots: usize) -> Load {
+        Load {
+            callers,
+            run: RUN,
+            max_n,
+            slots,
+            origin: Instant::now(),
+        }
+    }
+}
+
+/// What the callers of a run saw.
+#[derive(Debug, Default)]
+struct Tally {
+    /// Permits granted, per slot.
+    granted: Vec<u64>,
+    /// Requests refused (limited, timed out, overflowed).
+    refused: u64,
+    /// Waits given up by dropping the future.
+    cancelled: u64,
+    /// From before the first call to after the last grant.
+    upper: Duration,
+    /// From before the limiter was built to before the first call.
+    built: Duration,
+    /// Over grants by threads, from the start of the attempt before (by
+    /// any thread) to the end of the granted one: at most that long, the
+    /// limiter had a permit and nobody asked for it. (Not measured for
+    /// tasks.)
+    lag: Duration,
+    /// Per slot, from before the first call to the last instant the slot
+    /// was seen drained (each run ends by draining every slot).
+    lower: Vec<Duration>,
+}
+
+impl Tally {
+    fn granted(&self) -> u64 {
+        self.granted.iter().sum()
+    }
+}
+
+/// Counters shared by the callers of a run.
+struct Shared {
+    granted: Vec<AtomicU64>,
+    refused: AtomicU64,
+    cancelled: AtomicU64,
+    /// Nanoseconds since the start, maxima over callers.
+    last_grant: AtomicU64,
+    last_attempt: AtomicU64,
+    /// Over grants, nanoseconds since the attempt before (by any caller).
+    lag: AtomicU64,
+    drained: Vec<AtomicU64>,
+    stop: AtomicBool,
+}
+
+impl Shared {
+    fn new(slots: usize) -> Shared {
+        Shared {
+            granted: (0..slots).map(|_| AtomicU64::new(0)).collect(),
+            refused: AtomicU64::new(0),
+            cancelled: AtomicU64::new(0),
+            last_grant: AtomicU64::new(0),
+            last_attempt: AtomicU64::new(0),
+            lag: AtomicU64::new(0),
+            drained: (0..slots).map(|_| AtomicU64::new(0)).collect(),
+            stop: AtomicBool::new(false),
+        }
+    }
+
+    fn since(start: Instant) -> u64 {
+        u64::try_from(start.elapsed().as_nanos()).unwrap()
+    }
+
+    /// Notes an attempt starting `at` ns after the start; returns when the
+    /// latest attempt before it started.
+    fn attempt(&self, at: u64) -> u64 {
+        self.last_attempt.fetch_max(at, Ordering::Relaxed).min(at)
+    }
+
+    fn grant(&self, start: Instant, slot: usize, n: u32) {
+        self.granted[slot].fetch_add(u64::from(n), Ordering::Relaxed);
+        self.last_grant
+            .fetch_max(Shared::since(start), Ordering::Relaxed);
+    }
+
+    /// Takes single permits from `slot` until refused, and notes when
+    /// that refusal was asked for: the slot was empty then. A limiter that
+    /// does not run dry within [`DRAIN_LIMIT`] fails the test rather than
+    /// hanging it.
+    fn drain(&self, start: Instant, slot: usize, attempt: impl Fn() -> bool) {
+        let limit = Instant::now() + DRAIN_LIMIT;
+        loop {
+            let at = Shared::since(start);
+            if attempt() {
+                self.grant(start, slot, 1);
+                assert!(
+                    Instant::now() < limit,
+                    "slot {slot} never runs dry: it over-admits"
+                );
+            } else {
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                self.drained[slot].fetch_max(at, Ordering::Relaxed);
+                return;
+            }
+        }
+    }
+
+    /// The tally of a run that started at `start`, for a limiter built
+    /// after `origin`.
+    fn tally(&self, origin: Instant, start: Instant, lower: impl Fn(usize) -> Duration) -> Tally {
+        Tally {
+            granted: self
+                .granted
+                .iter()
+                .map(|g| g.load(Ordering::Relaxed))
+                .collect(),
+            refused: self.refused.load(Ordering::Relaxed),
+            cancelled: self.cancelled.load(Ordering::Relaxed),
+            upper: Duration::from_nanos(self.last_grant.load(Ordering::Relaxed)),
+            built: start - origin,
+            lag: Duration::from_nanos(self.lag.load(Ordering::Relaxed)),
+            lower: (0..self.granted.len()).map(lower).collect(),
+        }
+    }
+}
+
+/// Races `load.callers` OS threads calling `attempt(slot, n)` ("try once to
+/// take `n` permits of limiter `slot`; granted?") in a tight loop for
+/// `load.run`. Then each thread drains every slot (tries single permits
+/// until refused), so that each slot is known to have been empty at an
+/// instant near the end: its lower bound runs to the last such instant.
+fn hammer(load: Load, attempt: impl Fn(usize, u32) -> bool + Sync) -> Tally {
+    let shared = Shared::new(load.slots);
+    // Every thread is spawned when the first barrier opens; the clock is
+    // read, and the second one lets them go: so the start is before the
+    // first call, and barely (a bucket is full then, and what would fall
+    // due before the first call is lost to the cap).
+    let (spawned, go) = (
+        Barrier::new(load.callers + 1),
+        Barrier::new(load.callers + 1),
+    );
+    let start = std::sync::OnceLock::new();
+    std::thread::scope(|scope| {
+        for caller in 0..load.callers {
+            let (shared, spawned, go, start, attempt) = (&shared, &spawned, &go, &start, &attempt);
+            scope.spawn(move || {
+                let mut rng = Rng::new(caller as u64 + 1);
+                spawned.wait();
+                go.wait();
+                let start = *start.get().expect("set before the second barrier");
+                while !shared.stop.load(Ordering::Relaxed) {
+                    let slot = usize::try_from(rng.below(load.slots as u64)).unwrap();
+                    let n = rng.weight(load.max_n);
+                    let before = shared.attempt(Shared::since(start));
+                    if attempt(slot, n) {
+                        let gap = Shared::since(start).saturating_sub(before);
+                        shared.lag.fetch_add(gap, Ordering::Relaxed);
+                        shared.grant(start, slot, n);
+                    } else {
+                        shared.refused.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                for slot in 0..load.slots {
+                    shared.drain(start, slot, || attempt(slot, 1));
+                }
+            });
+        }
+        spawned.wait();
+        start.set(Instant::now()).unwrap();
+        go.wait();
+        std::thread::sleep(load.run);
+        shared.stop.store(true, Ordering::Relaxed);
+    });
+    let start = start.into_inner().unwrap();
+    shared.tally(load.origin, start, |slot| {
+        Duration::from_nanos(shared.drained[slot].load(Ordering::Relaxed))
+    })
+}
+
+/// What a task of [`storm`] does next.
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    /// `try_acquire` (one permit) or `try_acquire_many`.
+    Try,
+    /// `acquire` or `acquire_many`, waited out.
+    Acquire,
+    /// `acquire_many`, dropped after a random 0–2 ms if still waiting.
+    Cancel,
+    /// `acquire_timeout` with a random 0–3 ms timeout.
+    Timeout,
+}
+
+/// Every operation.
+const ALL: &[Op] = &[Op::Try, Op::Acquire, Op::Cancel, Op::Timeout];
+/// The keyed maps have no `acquire_timeout`.
+const NO_TIMEOUT: &[Op] = &[Op::Try, Op::Acquire, Op::Cancel];
+
+/// Whether a limiter's error is a refusal (counted in `stats()`), as
+/// opposed to a bug of this test or the limiter.
+fn refusal_try(error: TryAcquireError) {
+    assert!(
+        matches!(error, TryAcquireError::Limited { .. }),
+        "unexpected {error:?}"
+    );
+}
+
+fn refusal(error: AcquireError) {
+    assert!(
+        matches!(error, AcquireError::Timeout | AcquireError::Overflow),
+        "unexpected {error:?}"
+    );
+}
+
+/// Runs `load.callers` tasks on the current (multi-thread) runtime for
+/// `load.run`, each picking an operation from `ops` at random, on limiter
+/// `slots[i]` for a random `i`. A refused task yields before its next try,
+/// so that busy refusals do not starve the waiters on the two workers.
+/// When demand stops, every task finishes what it is waiting for, and
+/// the limiters are drained as in [`hammer`].
+async fn storm(load: Load, ops: &'static [Op], slots: Vec<Arc<dyn Limiter>>) -> Tally {
+    assert_eq!(slots.len(), load.slots);
+    let shared = Arc::new(Shared::new(load.slots));
+    let slots = Arc::new(slots);
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..load.callers)
+        .map(|task| {
+            let (shared, slots) = (Arc::clone(&shared), Arc::clone(&slots));
+            tokio::spawn(async move {
+                let mut rng = Rng::new(task as u64 + 1);
+                while !shared.stop.load(Ordering::Relaxed) {
+                    let slot = usize::try_from(rng.below(load.slots as u64)).unwrap();
+                    let limiter = &slots[slot];
+                    let n = rng.weight(load.max_n);
+                    let op = ops[usize::try_from(rng.below(ops.len() as u64)).unwrap()];
+
+                    let granted = match op {
+                        Op::Try => Some(
+                            if n == 1 {
+                                limiter.try_acquire()
+                            } else {
+                                limiter.try_acquire_many(n)
+                            }
+                            .map_err(refusal_try),
+                        ),
+                        Op::Acquire => Some(
+                            if n == 1 {
+                                limiter.acquire().await
+                            } else {
+                                limiter.acquire_many(n).await
+                            }
+                            .map_err(refusal),
+                        ),
+                        Op::Cancel => {
+                            let patience = Duration::from_micros(rng.below(2_000));
+                            tokio::time::timeout(patience, limiter.acquire_many(n))
+                                .await
+                                .ok()
+                                .map(|result| result.map_err(refusal))
+                        }
+                        Op::Timeout => {
+                            let timeout = Duration::from_micros(rng.below(3_000));
+                            Some(limiter.acquire_timeout(n, timeout).await.map_err(refusal))
+                        }
+                    };
+                    match granted {
+                        Some(Ok(())) => shared.grant(start, slot, n),
+                        Some(Err(())) => {
+                            shared.refused.fetch_add(1, Ordering::Relaxed);
+                            tokio::task::yield_now().await;
+                        }
+                        None => {
+                            shared.cancelled.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(load.run).await;
+    shared.stop.store(true, Ordering::Relaxed);
+    for task in tasks {
+        task.await.unwrap();
+    }
+    // What the tasks left (tokens, stored permits) is taken, so that the
+    // lower bound can run to when each limiter was empty.
+    for (slot, limiter) in slots.iter().enumerate() {
+        shared.drain(start, slot, || try_once(limiter.as_ref(), 1));
+    }
+    shared.tally(load.origin, start, |slot| {
+        Duration::from_nanos(shared.drained[slot].load(Ordering::Relaxed))
+    })
+}
+
+/// What a run must stay within, per slot.
+#[derive(Debug, Clone, Copy)]
+struct Bound {
+    /// Permits per second.
+    rate: u64,
+    /// Permits that may go on top of rate × T (the capacity; for the
+    /// smooth limiters, stored permits and the request that pays later).
+    burst: u64,
+    /// Added to T in the upper bound: zero for `try_acquire`, the timer's
+    /// ticks for waiters.
+    slack: Duration,
+    /// Whether the upper bound's window starts when the limiter was built
+    /// (it stores idle time, from empty) rather than at the first call (a
+    /// bucket is full then, whenever it was built).
+    from_build: bool,
+    /// Permits the lower bound expects on top of rate × T': the capacity
+    /// of a bucket, which starts full and is drained at the end.
+    floor_burst: u64,
+    /// Taken off T' in the lower bound (a warm-up limiter's slow start).
+    deficit: Duration,
+    /// The lower bound's rate: `rate`, or less for a limiter that may be
+    /// cold.
+    floor: u64,
+    /// Whether [`Tally::lag`] is taken off T' in the lower bound: a warm-up
+    /// limiter never catches up the time a permit waited for a caller (it
+    /// cools instead).
+    lag: bool,
+}
+
+impl Bound {
+    fn exact(rate: u64, burst: u64) -> Bound {
+        Bound {
+            rate,
+            burst,
+            slack: Duration::ZERO,
+            from_build: false,
+            floor_burst: 0,
+            deficit: Duration::ZERO,
+            floor: rate,
+            lag: false,
+        }
+    }
+
+    fn waiters(self) -> Bound {
+        Bound {
+            slack: WAITER_SLACK,
+            ..self
+        }
+    }
+
+    /// rate × `span`, rounded down.
+    fn over(&self, span: Duration) -> u64 {
+        per(self.rate, span)
+    }
+}
+
+/// `rate` per second × `span`, rounded down.
+fn per(rate: u64, span: Duration) -> u64 {
+    u64::try_from(u128::from(rate) * span.as_nanos() / 1_000_000_000).unwrap()
+}
+
+impl Bound {
+    /// The lower bound's span: `span` less what the limiter may lose.
+    fn due_span(&self, span: Duration, lag: Duration) -> Duration {
+        let lag = if self.lag { lag } else { Duration::ZERO };
+        span.saturating_sub(self.deficit + lag)
+    }
+}
+
+/// Asserts the upper bound per slot and the lower bound over all slots.
+fn check(what: &str, tally: &Tally, bound: Bound) {
+    let window = tally.upper
+        + bound.slack
+        + if bound.from_build {
+            tally.built
+        } else {
+            Duration::ZERO
+        };
+    let allowed = bound.burst + bound.over(window);
+    let due: u64 = tally
+        .lower
+        .iter()
+        .map(|&span| bound.floor_burst + per(bound.floor, bound.due_span(span, tally.lag)))
+        .sum();
+    #[expect(clippy::cast_precision_loss, reason = "counts far below 2^52")]
+    let (granted, due_f) = (tally.granted() as f64, due as f64);
+    eprintln!(
+        "{what}: granted {:?} (total {}) in {:?}, allowed {allowed} per slot; due {due} (lower \
+         spans {:?}, lag {:?}); {:.3} % of due; refused {}, cancelled {}",
+        tally.granted,
+        tally.granted(),
+        tally.upper,
+        tally.lower,
+        tally.lag,
+        100.0 * granted / due_f,
+        tally.refused,
+        tally.cancelled,
+    );
+    for (slot, &granted) in tally.granted.iter().enumerate() {
+        assert!(
+            granted <= allowed,
+            "{what}: over-admitted on slot {slot}: granted {granted} > {} + {} × {window:?} = {allowed}",
+            bound.burst,
+            bound.rate,
+        );
+    }
+    assert!(
+        granted >= LOWER * due_f,
+        "{what}: under-delivered: granted {granted} < {LOWER} × {due}"
+    );
+}
+
+/// Asserts a limiter's counters against the tally.
+fn check_stats(what: &str, stats: Stats, tally: &Tally) {
+    assert_eq!(
+        (stats.granted, stats.refused),
+        (tally.granted(), tally.refused),
+        "{what}: stats (granted, refused)"
+    );
+}
+
+/// A multi-thread runtime with two workers: the actors' home, and
+/// [`storm`]'s.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// One call of `try_acquire` (`n` = 1) or `try_acquire_many`; granted?
+fn try_once(limiter: &dyn Limiter, n: u32) -> bool {
+    let result = if n == 1 {
+        limiter.try_acquire()
+    } else {
+        limiter.try_acquire_many(n)
+    };
+    result.map_err(refusal_try).is_ok()
+}
+
+/// Threads, callers of the thread tests.
+const THREADS: usize = 4;
+/// Tasks, callers of the runtime tests: enough that the waiters queued
+/// when demand stops reach several ticks ahead (64 × 2.5 permits is 8 ms
+/// at 20 000/s), so that a waiter granted before its turn shows.
+const TASKS: usize = 64;
+
+/// The thread test of one limiter: `build` runs inside a runtime (the
+/// actors' home, idle here) after the load is made.
+fn threads<L: Limiter + 'static>(what: &str, max_n: u32, bound: Bound, build: impl FnOnce() -> L) {
+    let rt = runtime();
+    let load = Load::new(THREADS, max_n, 1);
+    let limiter = rt.block_on(async { build() });
+    let tally = hammer(load, |_, n| try_once(&limiter, n));
+    check(what, &tally, bound);
+    check_stats(what, limiter.stats(), &tally);
+}
+
+/// The runtime test of one limiter, with `tasks` tasks.
+fn tasks<L: Limiter + 'static>(
+    what: &str,
+    tasks: usize,
+    max_n: u32,
+    bound: Bound,
+    build: impl FnOnce() -> L,
+) {
+    let rt = runtime();
+    let load = Load::new(tasks, max_n, 1);
+    let limiter: Arc<dyn Limiter> = Arc::new(rt.block_on(async { build() }));
+    let tally = rt.block_on(storm(load, ALL, vec![Arc::clone(&limiter)]));
+    check(what, &tally, bound.waiters());
+    check_stats(what, limiter.stats(), &tally);
+}
+
+/// The bucket family's bound: exact, `CAPACITY + RATE × T`; and drained,
+/// at least 99 % of `CAPACITY + RATE × T'`.
+fn bucket_bound() -> Bound {
+    Bound {
+        floor_burst: u64::from(CAPACITY),
+        ..Bound::exact(RATE, u64::from(CAPACITY))
+    }
+}
+
+fn rate() -> Rate {
+    Rate::per_second(RATE.try_into().unwrap())
+}
+
+// ---- TokenBucket -------------------------------------------------------
+
+fn token_bucket() -> TokenBucket {
+    TokenBucket::builder()
+        .rate(rate())
+        .capacity(CAPACITY)
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn token_bucket_threads() {
+    let _serial = serial();
+    threads("TokenBucket threads", 4, bucket_bound(), token_bucket);
+}
+
+#[test]
+fn token_bucket_tasks() {
+    let _serial = serial();
+    tasks("TokenBucket tasks", TASKS, 4, bucket_bound(), token_bucket);
+}
+
+// ---- LeakyBucket: the meter (threads) and the shaper (tasks) -----------
+
+fn leaky_bucket() -> LeakyBucket {
+    LeakyBucket::builder()
+        .rate(rate())
+        .capacity(CAPACITY)
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn leaky_bucket_meter_threads() {
+    let _serial = serial();
+    threads("LeakyBucket meter threads", 4, bucket_bound(), leaky_bucket);
+}
+
+/// The shaper only delivers its rate while water is queued: the tasks'
+/// requests (8 ms of water) outlast a timer tick and a late wake.
+#[test]
+fn leaky_bucket_shaper_tasks() {
+    let _serial = serial();
+    tasks(
+        "LeakyBucket shaper tasks",
+        TASKS,
+        4,
+        bucket_bound(),
+        leaky_bucket,
+    );
+}
+
+// ---- Funnel --------------------------------------------------------------
+
+fn funnel() -> Funnel {
+    Funnel::builder()
+        .rate(rate())
+        .capacity(CAPACITY)
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn funnel_threads() {
+    let _serial = serial();
+    threads("Funnel threads", 4, bucket_bound(), funnel);
+}
+
+#[test]
+fn funnel_tasks() {
+    let _serial = serial();
+    tasks("Funnel tasks", TASKS, 4, bucket_bound(), funnel);
+}
+
+// ---- SmoothBursty, SmoothWarmingUp ----------------------------------------
+
+/// How much idle time the bursty limiter stores: Guava's second, so that
+/// callers all descheduled for a while lose nothing. The stored permits
+/// cannot raise the upper bound, whose window starts when the limiter is
+/// built, empty: every permit stored is idle time within the window.
+const MAX_BURST: Duration = Duration::from_secs(1);
+/// The warm-up period. A cold limiter under saturating demand spends its
+/// `rate × WARMUP` stored permits in 1.5 × `WARMUP` (the trapezoid above
+/// the threshold takes `WARMUP`, the half below it `WARMUP / 2`), so it
+/// delivers `rate × (T − WARMUP / 2)`.
+const WARMUP: Duration = Duration::from_millis(10);
+/// The largest request: the window bound adds one request (the one that
+/// pays later).
+const SMOOTH_MAX_N: u32 = 4;
+
+#[expect(clippy::cast_precision_loss, reason = "a small integer")]
+fn bursty() -> SmoothBursty {
+    SmoothBursty::builder()
+        .permits_per_second(SMOOTH_RATE as f64)
+        .max_burst(MAX_BURST)
+        .build()
+        .unwrap()
+}
+
+#[expect(clippy::cast_precision_loss, reason = "a small integer")]
+fn warming_up() -> SmoothWarmingUp {
+    SmoothWarmingUp::builder()
+        .permits_per_second(SMOOTH_RATE as f64)
+        .warmup(WARMUP)
+        .build()
+        .unwrap()
+}
+
+/// Guava's bound for `SmoothBursty`: rate × (stored time + T) plus one
+/// request, with no truncation term at [`SMOOTH_RATE`].
+fn bursty_bound() -> Bound {
+    Bound {
+        from_build: true,
+        ..Bound::exact(SMOOTH_RATE, u64::from(SMOOTH_MAX_N))
+    }
+}
+
+/// `SmoothWarmingUp`'s bound: stored permits are never free, so rate × T
+/// plus one request. Waiters reserve ahead, so nothing waits for a caller
+/// while they run: the lower bound loses the slow start, and the time no
+/// task has reserved yet (tasks starting, one tick; the drain coming after
+/// the last waiter's wake, one tick), where a bucket or a bursty limiter
+/// would store what falls due.
+fn warming_up_bound() -> Bound {
+    Bound {
+        deficit: WARMUP / 2 + WAITER_SLACK,
+        ..Bound::exact(SMOOTH_RATE, u64::from(SMOOTH_MAX_N))
+    }
+}
+
+/// `SmoothWarmingUp` under `try_acquire` from threads: the same upper
+/// bound. Every moment a permit waits for a caller (a thread descheduled,
+/// or holding the lock while descheduled) cools the limiter, as Guava's
+/// does, and a loaded machine can keep it cold; so the lower bound is its
+/// coldest rate (rate / `cold_factor`) over the time callers were there.
+fn warming_up_threads_bound() -> Bound {
+    Bound {
+        floor: SMOOTH_RATE / 3,
+        lag: true,
+        ..Bound::exact(SMOOTH_RATE, u64::from(SMOOTH_MAX_N))
+    }
+}
+
+#[test]
+fn smooth_bursty_threads() {
+    let _serial = serial();
+    threads("SmoothBursty threads", SMOOTH_MAX_N, bursty_bound(), bursty);
+}
+
+#[test]
+fn smooth_bursty_tasks() {
+    let _serial = serial();
+    tasks(
+        "SmoothBursty tasks",
+        TASKS,
+        SMOOTH_MAX_N,
+        bursty_bound(),
+        bursty,
+    );
+}
+
+#[test]
+fn smooth_warming_up_threads() {
+    let _serial = serial();
+    threads(
+        "SmoothWarmingUp threads",
+        SMOOTH_MAX_N,
+        warming_up_threads_bound(),
+        warming_up,
+    );
+}
+
+#[test]
+fn smooth_warming_up_tasks() {
+    let _serial = serial();
+    tasks(
+        "SmoothWarmingUp tasks",
+        TASKS,
+        SMOOTH_MAX_N,
+        warming_up_bound(),
+        warming_up,
+    );
+}
+
+// ---- keyed::KeyedFunnel, keyed::Keyed ------------------------------------
+
+/// Keys of the many-key tests, each its own limit at [`KEY_RATE`] and
+/// [`KEY_CAPACITY`] (50 ms again), so that all keys together ask no more of
+/// the two cores than one key at [`RATE`] does.
+const KEYS: usize = 8;
+const KEY_RATE: u64 = RATE / 4;
+const KEY_CAPACITY: u32 = CAPACITY / 4;
+
+/// A keyed map's limit: one key at [`RATE`], or many at [`KEY_RATE`].
+fn key_limit(keys: usize) -> (Rate, u32, Bound) {
+    let (rate, capacity) = if keys == 1 {
+        (RATE, CAPACITY)
+    } else {
+        (KEY_RATE, KEY_CAPACITY)
+    };
+    let bound = Bound {
+        floor_burst: u64::from(capacity),
+        ..Bound::exact(rate, u64::from(capacity))
+    };
+    (Rate::per_second(rate.try_into().unwrap()), capacity, bound)
+}
+
+/// One key of a keyed map, as a [`Limiter`] for [`storm`]. The maps have
+/// no `acquire_timeout`: the runtime tests use [`NO_TIMEOUT`].
+struct KeyOf<M> {
+    map: M,
+    key: u64,
+}
+
+#[async_trait::async_trait]
+impl Limiter for KeyOf<KeyedFunnel<u64>> {
+    async fn acquire_many(&self, n: u32) -> Result<(), AcquireError> {
+        self.map.acquire_many(&self.key, n).await
+    }
+
+    fn try_acquire_many(&self, n: u32) -> Result<(), TryAcquireError> {
+        if n == 1 {
+            self.map.try_acquire(&self.key)
+        } else {
+            self.map.try_acquire_many(&self.key, n)
+        }
+    }
+
+    async fn acquire_timeout(&self, _: u32, _: Duration) -> Result<(), AcquireError> {
+        unreachable!("not among the operations of a keyed map's run")
+    }
+}
+
+#[async_trait::async_trait]
+impl Limiter for KeyOf<Keyed<u64, TokenBucket>> {
+    async fn acquire_many(&self, n: u32) -> Result<(), AcquireError> {
+        self.map.acquire_many(&self.key, n).await
+    }
+
+    fn try_acquire_many(&self, n: u32) -> Result<(), TryAcquireError> {
+        if n == 1 {
+            self.map.try_acquire(&self.key)
+        } else {
+            self.map.try_acquire_many(&self.key, n)
+        }
+    }
+
+    async fn acquire_timeout(&self, _: u32, _: Duration) -> Result<(), AcquireError> {
+        unreachable!("not among the operations of a keyed map's run")
+    }
+}
+
+fn keyed_funnel(rate: Rate, capacity: u32) -> KeyedFunnel<u64> {
+    KeyedFunnel::builder()
+        .rate(rate)
+        .capacity(capacity)
+        .build()
+        .unwrap()
+}
+
+fn keyed_bucket(rate: Rate, capacity: u32) -> Keyed<u64, TokenBucket> {
+    Keyed::builder()
+        .limiter(move || TokenBucket::builder().rate(rate).capacity(capacity).build())
+        .build()
+        .unwrap()
+}
+
+/// How exactly a keyed map's `limited` counter can be checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Limited {
+    Exact,
+    /// `KeyedFunnel::acquire` retries `try_acquire` after each
+    /// `retry_after`, and every retry refused counts as limited.
+    AtLeast,
+}
+
+/// Asserts a keyed map's counters against the tally.
+fn check_keyed_stats(what: &str, stats: KeyedStats, tally: &Tally, limited: Limited) {
+    assert_eq!(stats.granted, tally.granted(), "{what}: stats.granted");
+    match limited {
+        Limited::Exact => assert_eq!(stats.limited, tally.refused, "{what}: stats.limited"),
+        Limited::AtLeast => assert!(
+            stats.limited >= tally.refused,
+            "{what}: stats.limited {} < {} refused",
+            stats.limited,
+            tally.refused
+        ),
+    }
+}
+
+/// A keyed map the tests can drive: `KeyedFunnel<u64>` or `Keyed<u64, TokenBucket>`.
+trait Map: Clone + Send + Sync + 'static {
+    fn try_key(&self, key: u64, n: u32) -> Result<(), TryAcquireError>;
+    fn stats(&self) -> KeyedStats;
+}
+
+impl Map for KeyedFunnel<u64> {
+    fn try_key(&self, key: u64, n: u32) -> Result<(), TryAcquireError> {
+        KeyOf {
+            map: self.clone(),
+            key,
+        }
+        .try_acquire_many(n)
+    }
+
+    fn stats(&self) -> KeyedStats {
+        KeyedFunnel::stats(self)
+    }
+}
+
+impl Map for Keyed<u64, TokenBucket> {
+    fn try_key(&self, key: u64, n: u32) -> Result<(), TryAcquireError> {
+        KeyOf {
+            map: self.clone(),
+            key,
+        }
+        .try_acquire_many(n)
+    }
+
+    fn stats(&self) -> KeyedStats {
+        Keyed::stats(self)
+    }
+}
+
+/// The thread test of a keyed map over `keys` keys (0, 1, …).
+fn keyed_threads<M: Map>(what: &str, keys: usize, build: impl FnOnce(Rate, u32) -> M) {
+    let rt = runtime();
+    let (rate, capacity, bound) = key_limit(keys);
+    let load = Load::new(THREADS, 4, keys);
+    let map = rt.block_on(async { build(rate, capacity) });
+    let tally = hammer(load, |slot, n| {
+        map.try_key(slot as u64, n).map_err(refusal_try).is_ok()
+    });
+    check(what, &tally, bound);
+    check_keyed_stats(what, map.stats(), &tally, Limited::Exact);
+}
+
+/// The runtime test of a keyed map over `keys` keys (0, 1, …).
+fn keyed_tasks<M: Map>(
+    what: &str,
+    keys: usize,
+    limited: Limited,
+    build: impl FnOnce(Rate, u32) -> M,
+) where
+    KeyOf<M>: Limiter,
+{
+    let rt = runtime();
+    let (rate, capacity, bound) = key_limit(keys);
+    let load = Load::new(TASKS, 4, keys);
+    let map = rt.block_on(async { build(rate, capacity) });
+    let slots = (0..keys as u64)
+        .map(|key| {
+            Arc::new(KeyOf {
+                map: map.clone(),
+                key,
+            }) as Arc<dyn Limiter>
+        })
+        .collect();
+    let tally = rt.block_on(storm(load, NO_TIMEOUT, slots));
+    check(what, &tally, bound.waiters());
+    check_keyed_stats(what, map.stats(), &tally, limited);
+}
+
+#[test]
+fn keyed_funnel_one_key_threads() {
+    let _serial = serial();
+    keyed_threads("KeyedFunnel one key threads", 1, keyed_funnel);
+}
+
+#[test]
+fn keyed_funnel_many_keys_threads() {
+    let _serial = serial();
+    keyed_threads("KeyedFunnel many keys threads", KEYS, keyed_funnel);
+}
+
+#[test]
+fn keyed_funnel_one_key_tasks() {
+    let _serial = serial();
+    keyed_tasks(
+        "KeyedFunnel one key tasks",
+        1,
+        Limited::AtLeast,
+        keyed_funnel,
+    );
+}
+
+#[test]
+fn keyed_funnel_many_keys_tasks() {
+    let _serial = serial();
+    keyed_tasks(
+        "KeyedFunnel many keys tasks",
+        KEYS,
+        Limited::AtLeast,
+        keyed_funnel,
+    );
+}
+
+#[test]
+fn keyed_token_bucket_one_key_threads() {
+    let _serial = serial();
+    keyed_threads("Keyed<TokenBucket> one key threads", 1, keyed_bucket);
+}
+
+#[test]
+fn keyed_token_bucket_many_keys_threads() {
+    let _serial = serial();
+    keyed_threads("Keyed<TokenBucket> many keys threads", KEYS, keyed_bucket);
+}
+
+#[test]
+fn keyed_token_bucket_one_key_tasks() {
+    let _serial = serial();
+    keyed_tasks(
+        "Keyed<TokenBucket> one key tasks",
+        1,
+        Limited::Exact,
+        keyed_bucket,
+    );
+}
+
+#[test]
+fn keyed_token_bucket_many_keys_tasks() {
+    let _serial = serial();
+    keyed_tasks(
+        "Keyed<TokenBucket> many keys tasks",
+        KEYS,
+        Limited::Exact,
+        keyed_bucket,
+    );
+}
+
+// ---- tower ---------------------------------------------------------------
+
+/// A service that counts its calls.
+fn counting(
+    calls: &Arc<AtomicU64>,
+) -> impl tower::Service<
+    u64,
+    Response = (),
+    Error = BoxError,
+    Future = std::future::Ready<Result<(), BoxError>>,
+> + Clone
++ Send
++ Sync
++ 'static {
+    let calls = Arc::clone(calls);
+    service_fn(move |_: u64| {
+        calls.fetch_add(1, Ordering::Relaxed);
+        std::future::ready(Ok(()))
+    })
+}
+
+/// A tower service as a [`Limiter`] for [`storm`]: `acquire` is one
+/// request through it (`oneshot`: `poll_ready`, then `call`), granted when
+/// it answers `Ok`. The tasks only wait ([`THROUGH`]); `try_acquire` goes
+/// to the bucket behind the service directly, for the drain at the end,
+/// and counts in `direct`.
+struct Through<S> {
+    service: S,
+    bucket: TokenBucket,
+    direct: AtomicU64,
+}
+
+/// The operations of a run through a service: waiting, and giving up.
+const THROUGH: &[Op] = &[Op::Acquire, Op::Cancel];
+
+#[async_trait::async_trait]
+impl<S> Limiter for Through<S>
+where
+    S: tower::Service<u64, Response = (), Error = BoxError> + Clone + Send + Sync + 'static,
+    S::Future: Send,
+{
+    async fn acquire_many(&self, n: u32) -> Result<(), AcquireError> {
+        assert_eq!(n, 1, "a request takes one permit");
+        self.service
+            .clone()
+            .oneshot(0)
+            .await
+            .map_err(|error| panic!("a token bucket behind a RateLimit never refuses: {error}"))
+    }
+
+    fn try_acquire_many(&self, n: u32) -> Result<(), TryAcquireError> {
+        let result = self.bucket.try_acquire_many(n);
+        if result.is_ok() {
+            self.direct.fetch_add(u64::from(n), Ordering::Relaxed);
+        }
+        result
+    }
+
+    async fn acquire_timeout(&self, _: u32, _: Duration) -> Result<(), AcquireError> {
+        unreachable!("not among the operations of a run through a service")
+    }
+}
+
+/// `RateLimitLayer` over a token bucket: tasks wait in `poll_ready` and
+/// give up at random; every permit granted is one call of the inner
+/// service, and one permit in the bucket's stats (a permit held by a
+/// service dropped before `call` is given back, not counted).
+#[test]
+fn tower_rate_limit_tasks() {
+    let _serial = serial();
+    let rt = runtime();
+    let load = Load::new(TASKS, 1, 1);
+    let bucket = rt.block_on(async { token_bucket() });
+    let calls = Arc::new(AtomicU64::new(0));
+    let through = Arc::new(Through {
+        service: RateLimitLayer::new(bucket.clone()).layer(counting(&calls)),
+        bucket: bucket.clone(),
+        direct: AtomicU64::new(0),
+    });
+    let slots = vec![Arc::clone(&through) as Arc<dyn Limiter>];
+    let tally = rt.block_on(storm(load, THROUGH, slots));
+    let what = "RateLimitLayer tasks";
+    check(what, &tally, bucket_bound().waiters());
+    let calls = calls.load(Ordering::Relaxed);
+    let direct = through.direct.load(Ordering::Relaxed);
+    assert_eq!(
+        calls + direct,
+        tally.granted(),
+        "{what}: inner calls + drained"
+    );
+    check_stats(what, bucket.stats(), &tally);
+}
+
+/// `KeyedRateLimitLayer` over a keyed map, from threads: each request is
+/// answered at once (the keyed layer never waits), so it is one attempt.
+fn tower_keyed_threads<M: Map + KeyedLimiterU64>(
+    what: &str,
+    keys: usize,
+    build: impl FnOnce(Rate, u32) -> M,
+) {
+    let rt = runtime();
+    let (rate, capacity, bound) = key_limit(keys);
+    let load = Load::new(THREADS, 1, keys);
+    let map = rt.block_on(async { build(rate, capacity) });
+    let calls = Arc::new(AtomicU64::new(0));
+    let service = KeyedRateLimitLayer::new(map.clone(), |key: &u64| *key).layer(counting(&calls));
+    let tally = hammer(load, |slot, n| {
+        debug_assert_eq!(n, 1);
+        let answer = service.clone().oneshot(slot as u64).now_or_never();
+        match answer.expect("the keyed layer answers at once") {
+            Ok(()) => true,
+            Err(error) => {
+                let limited = error.downcast_ref::<RateLimited<u64>>();
+                assert!(
+                    limited.is_some_and(|l| l.key == slot as u64),
+                    "unexpected {error}"
+                );
+                false
+            }
+        }
+    });
+    check(what, &tally, bound);
+    assert_eq!(
+        calls.load(Ordering::Relaxed),
+        tally.granted(),
+        "{what}: inner calls"
+    );
+    check_keyed_stats(what, map.stats(), &tally, Limited::Exact);
+}
+
+/// The keyed maps as tower's `KeyedRateLimitLayer` needs them.
+trait KeyedLimiterU64: KeyedLimiter<Key = u64> + fmt::Debug {}
+impl<T: KeyedLimiter<Key = u64> + fmt::Debug> KeyedLimiterU64 for T {}
+
+#[test]
+fn tower_keyed_funnel_threads() {
+    let _serial = serial();
+    tower_keyed_threads(
+        "KeyedRateLimitLayer(KeyedFunnel) threads",
+        KEYS,
+        keyed_funnel,
+    );
+}
+
+#[test]
+fn tower_keyed_token_bucket_threads() {
+    let _serial = serial();
+    tower_keyed_threads(
+        "KeyedRateLimitLayer(Keyed<TokenBucket>) threads",
+        1,
+        keyed_bucket,
+    );
+}
