@@ -153,7 +153,10 @@ impl Hasher for Parts {
     fn write_i64(&mut self, n: i64) {
         // A negative number of seconds becomes huge and fails the checked
         // multiplication: the slow path handles it.
-        #[allow(clippy::cast_sign_loss)]
+        #[expect(
+            clippy::cast_sign_loss,
+            reason = "a negative number of seconds becomes huge and fails the checked multiplication"
+        )]
         self.write_u64(n as u64);
     }
 

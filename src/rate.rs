@@ -231,12 +231,19 @@ fn best_fraction(x: f64) -> Option<(u32, u64)> {
     for _ in 0..64 {
         let a = rest.floor();
         let (h2, k2) = (a.mul_add(h1, h0), a.mul_add(k1, k0));
-        #[allow(clippy::cast_precision_loss)]
+        #[expect(
+            clippy::cast_precision_loss,
+            reason = "a bound compared against, not a value kept"
+        )]
         if h2 > f64::from(u32::MAX) || k2 > u64::MAX as f64 {
             break;
         }
         if h2 >= 1.0 {
-            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            #[expect(
+                clippy::cast_possible_truncation,
+                clippy::cast_sign_loss,
+                reason = "both below the bounds just checked, and whole"
+            )]
             let candidate = (h2 as u32, k2 as u64);
             best = Some(candidate);
             if ((h2 / k2) - x).abs() <= x * 1e-15 {

@@ -1034,7 +1034,10 @@ impl Core {
             0.0
         };
         // Exact on purpose: resync caps at `max_permits` itself.
-        #[allow(clippy::float_cmp)]
+        #[expect(
+            clippy::float_cmp,
+            reason = "exact on purpose: resync caps at `max_permits` itself"
+        )]
         let same = inner.state.stored_permits(now) == fresh;
         same
     }

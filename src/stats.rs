@@ -120,7 +120,7 @@ mod tests {
         const THREADS: u64 = 6;
         const CALLS: u64 = 20_000;
         let counters = Counters::default();
-        #[allow(clippy::cast_possible_truncation)]
+        #[expect(clippy::cast_possible_truncation, reason = "six threads")]
         let barrier = Barrier::new(THREADS as usize);
         std::thread::scope(|scope| {
             for t in 0..THREADS {

@@ -173,7 +173,10 @@ impl GrantLog {
 
     /// The first window that breaks `burst + rate × (w + slack)`, if any:
     /// `(from, to, permits)`.
-    #[allow(clippy::missing_panics_doc)] // the `expect` follows an assignment
+    #[expect(
+        clippy::missing_panics_doc,
+        reason = "the `expect` follows an assignment"
+    )]
     pub fn rate_violation(
         &self,
         rate: Rate,

@@ -20,7 +20,7 @@
 //! is idle).
 
 #[path = "../examples/axum_service.rs"]
-#[allow(dead_code)] // `main` is for the example only
+#[expect(dead_code, reason = "`main` is for the example only")]
 mod service;
 
 use std::collections::BTreeMap;

@@ -4,7 +4,7 @@
 //! `Limiter` trait, bad input).
 
 // The rates and stored permits asserted are exact on purpose.
-#![allow(clippy::float_cmp)]
+#![expect(clippy::float_cmp, reason = "the values compared are exact on purpose")]
 
 use std::sync::Arc;
 use std::time::Duration;

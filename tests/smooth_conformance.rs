@@ -396,7 +396,7 @@ mod guava {
         }
 
         /// The subclasses' `doSetRate(double, double)`.
-        #[allow(clippy::cast_precision_loss)]
+        #[expect(clippy::cast_precision_loss, reason = "test values far below 2^53")]
         fn do_set_rate(&mut self, permits_per_second: f64, stable_interval_micros: f64) {
             let old_max_permits = self.max_permits;
             match &mut self.warm {
@@ -431,7 +431,7 @@ mod guava {
             }
         }
 
-        #[allow(clippy::cast_precision_loss)]
+        #[expect(clippy::cast_precision_loss, reason = "test values far below 2^53")]
         fn cool_down_interval_micros(&self) -> f64 {
             match &self.warm {
                 None => self.stable_interval_micros,
@@ -439,7 +439,7 @@ mod guava {
             }
         }
 
-        #[allow(clippy::cast_precision_loss)]
+        #[expect(clippy::cast_precision_loss, reason = "test values far below 2^53")]
         fn resync(&mut self, now_micros: i64) {
             if now_micros > self.next_free_ticket_micros {
                 let new_permits = (now_micros - self.next_free_ticket_micros) as f64
@@ -449,7 +449,7 @@ mod guava {
             }
         }
 
-        #[allow(clippy::cast_possible_truncation)]
+        #[expect(clippy::cast_possible_truncation, reason = "test values that fit")]
         fn stored_permits_to_wait_time(
             &self,
             stored_permits: f64,
@@ -473,7 +473,7 @@ mod guava {
             micros.wrapping_add((self.stable_interval_micros * permits_to_take) as i64)
         }
 
-        #[allow(clippy::cast_possible_truncation)]
+        #[expect(clippy::cast_possible_truncation, reason = "test values that fit")]
         fn reserve_earliest_available(&mut self, required_permits: u32, now_micros: i64) -> i64 {
             self.resync(now_micros);
             let return_value = self.next_free_ticket_micros;

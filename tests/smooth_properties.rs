@@ -197,7 +197,7 @@ proptest! {
         };
         let mut now = Duration::from_millis(start_ms);
         // Spend every stored permit at once (free: it pays later)...
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        #[expect(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "test values that fit")]
         let all = state.max_permits().ceil() as u32 + 1;
         prop_assert_eq!(state.reserve(now, all), Duration::ZERO);
         // ...and the next request pays for them.
@@ -208,7 +208,7 @@ proptest! {
             let wait = state.reserve(now, w);
             now += wait;
             // Guava's `(long) (freshPermits * stableIntervalMicros)`.
-            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            #[expect(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "test values that fit")]
             let guava = Duration::from_micros((f64::from(previous) * (1e6 / rate)) as u64);
             prop_assert_eq!(wait, guava);
             // `previous / rate` (exactly: the rate as a fraction, 1 ns of
@@ -318,7 +318,7 @@ proptest! {
                 .cold_factor(cold_factor)
                 .build()
                 .unwrap();
-            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            #[expect(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "test values that fit")]
             let all = limiter.stored_permits().ceil() as u32 + 1;
             limiter.acquire_many(all).await.unwrap();
             limiter.acquire().await.unwrap(); // pays for the stored permits
@@ -464,7 +464,7 @@ proptest! {
         warm_up in any::<bool>(),
         waiters in prop::collection::vec((1u32..=5, prop::option::of(any::<u64>())), 1..12),
     ) {
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        #[expect(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "test values that fit")]
         let interval_ms = (1000.0 / rate) as u128;
         let weights: Vec<u32> = waiters.iter().map(|w| w.0).collect();
         let total: u128 = weights.iter().map(|&w| u128::from(w) * interval_ms).sum();

@@ -319,7 +319,10 @@ pub(crate) fn nanos_to_duration(nanos: u128) -> Duration {
 }
 
 /// `ceil(a * b / c)` without overflow, saturating at [`MAX_TIME`].
-#[allow(clippy::cast_possible_truncation)] // limbs are split on purpose
+#[expect(
+    clippy::cast_possible_truncation,
+    reason = "limbs are split on purpose"
+)]
 pub(crate) fn mul_div_ceil(a: u128, b: u64, c: u64) -> u128 {
     // The product as three 64-bit limbs, most significant first.
     let lo = (a & u128::from(u64::MAX)) * u128::from(b);
@@ -535,7 +538,7 @@ mod tests {
             let q = Params::from_parts(num, den, capacity);
             // Half the time, `tat` close to `now`, where decisions flip.
             let tat = if near { now.saturating_add(tat % (q.tau() + 2)).min(MAX_TIME) } else { tat };
-            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            #[expect(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "a fraction of the capacity, clamped")]
             let n = ((f64::from(capacity) * n_frac) as u32).clamp(1, capacity);
             prop_assert_eq!(q.try_pour(tat, now, n), q.try_pour_wide(tat, now, n));
         }

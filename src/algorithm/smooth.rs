@@ -426,7 +426,7 @@ impl SmoothState {
     }
 
     /// The subclasses' `doSetRate(permitsPerSecond, stableIntervalMicros)`.
-    #[allow(clippy::cast_precision_loss)] // Java's `long` to `double`
+    #[expect(clippy::cast_precision_loss, reason = "Java's `long` to `double`")]
     fn do_set_rate(&mut self, permits_per_second: f64) {
         let stable_interval = self.stable_interval;
         let old_max_permits = self.max_permits;
@@ -503,10 +503,11 @@ impl SmoothState {
     /// let limiter = SmoothState::bursty(3.0, Duration::from_secs(1)).unwrap();
     /// assert_eq!(limiter.stable_interval(), Duration::from_nanos(333_333_333));
     /// ```
-    #[allow(
+    #[expect(
         clippy::cast_precision_loss,
         clippy::cast_possible_truncation,
-        clippy::cast_sign_loss
+        clippy::cast_sign_loss,
+        reason = "Java's conversions between `long` and `double`, as Guava makes them"
     )]
     pub fn stable_interval(&self) -> Duration {
         nanos_to_duration((self.stable_interval * self.unit as f64) as u128 / PS_PER_NS)
@@ -691,7 +692,7 @@ impl SmoothState {
 
     /// `reserveEarliestAvailable`: reserves and returns the moment the
     /// caller may go, in units.
-    #[allow(clippy::cast_possible_truncation)] // Java's `(long)`
+    #[expect(clippy::cast_possible_truncation, reason = "Java's `(long)`")]
     fn reserve_earliest_available(&mut self, required_permits: u32, now: u128) -> u128 {
         self.resync(now);
         let return_value = self.next_free / self.unit;
@@ -710,7 +711,7 @@ impl SmoothState {
 
     /// `storedPermitsToWaitTime`: the cost of taking `permits_to_take`
     /// of the `stored_permits`, in units. Free for the bursty limiter.
-    #[allow(clippy::cast_possible_truncation)] // Java's `(long)`
+    #[expect(clippy::cast_possible_truncation, reason = "Java's `(long)`")]
     fn stored_permits_to_wait_time(&self, stored_permits: f64, mut permits_to_take: f64) -> i64 {
         let Kind::WarmingUp {
             threshold_permits,
@@ -749,7 +750,7 @@ impl SmoothState {
 
     /// `resync`: turns idle time before `now` (in units) into stored
     /// permits.
-    #[allow(clippy::cast_precision_loss)] // Java's `long` to `double`
+    #[expect(clippy::cast_precision_loss, reason = "Java's `long` to `double`")]
     fn resync(&mut self, now: u128) {
         let next_free = self.next_free / self.unit;
         if now > next_free {
@@ -790,7 +791,10 @@ fn picos(t: Duration) -> u128 {
 }
 
 #[cfg(test)]
-#[allow(clippy::float_cmp)] // the stored permits asserted are exact on purpose
+#[expect(
+    clippy::float_cmp,
+    reason = "the stored permits asserted are exact on purpose"
+)]
 mod tests {
     use super::*;
 
@@ -858,7 +862,11 @@ mod tests {
         for rate in [3.0, 7.0, 11.0, 13.0, 17.0, 0.3 * 10.0, 100_000.0, 7e6] {
             let mut s = SmoothState::bursty(rate, Duration::from_secs(1)).unwrap();
             let idle = Duration::from_secs(5);
-            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            #[expect(
+                clippy::cast_possible_truncation,
+                clippy::cast_sign_loss,
+                reason = "whole rates far below u32::MAX"
+            )]
             let n = rate as u32;
             for i in 0..=n {
                 assert_eq!(

@@ -185,7 +185,10 @@ where
 
     fn shard(&self, hash: u64) -> &Shard<K, V> {
         // `shift` is at least 54, so the index fits any usize.
-        #[allow(clippy::cast_possible_truncation)]
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "`shift` is at least 54, so the index fits any usize"
+        )]
         &self.shards[(hash >> self.shift) as usize]
     }
 

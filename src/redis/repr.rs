@@ -94,7 +94,7 @@ impl Encoding {
         self.split(self.params.cost(n))
     }
 
-    #[allow(clippy::cast_possible_truncation)] // checked by `new`: ≤ τ
+    #[expect(clippy::cast_possible_truncation, reason = "checked by `new`: ≤ τ")]
     fn split(&self, scaled: u128) -> Split {
         let unit = u128::from(self.unit);
         Split {
@@ -126,7 +126,11 @@ mod tests {
 
     /// The script's arithmetic, as Lua runs it: in doubles. Returns the new
     /// state (granted) or the wait (refused), both as pairs.
-    #[allow(clippy::cast_precision_loss, clippy::float_cmp)]
+    #[expect(
+        clippy::cast_precision_loss,
+        clippy::float_cmp,
+        reason = "Lua computes in doubles; the values are whole and below 2^53"
+    )]
     fn script(
         e: &Encoding,
         state: Option<(f64, f64)>,
@@ -159,7 +163,11 @@ mod tests {
         Err((r_us, r_rem))
     }
 
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "asserted whole, non-negative and below 2^53 first"
+    )]
     fn back(x: (f64, f64)) -> Split {
         assert!(x.0 >= 0.0 && x.0 < 2f64.powi(53) && x.0.fract() == 0.0);
         assert!(x.1 >= 0.0 && x.1 < 2f64.powi(53) && x.1.fract() == 0.0);

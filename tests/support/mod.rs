@@ -1,5 +1,8 @@
 //! Helpers shared by the integration tests (each test file uses some).
-#![allow(dead_code)]
+#![allow(
+    dead_code,
+    reason = "each includer uses a part (an expect would fail for the one that uses all)"
+)]
 
 use std::time::Duration;
 

@@ -6,7 +6,10 @@
 //! running), unless `REQUIRE_REDIS=1` is set, in which case it panics. Set
 //! `REDIS_SERVER` to use another binary.
 
-#![allow(dead_code)] // each includer uses a part
+#![allow(
+    dead_code,
+    reason = "each includer uses a part (an expect would fail for the one that uses all)"
+)]
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
