@@ -6,6 +6,8 @@ use std::time::{Duration, Instant};
 
 use tokio_ratelimit_benches::median;
 
+/// `n` calls to `f` in a tight loop: elapsed time and how many returned
+/// `true`.
 pub(crate) fn time_loop(n: u64, mut f: impl FnMut() -> bool) -> (Duration, u64) {
     let start = Instant::now();
     let mut ok = 0u64;
@@ -15,6 +17,7 @@ pub(crate) fn time_loop(n: u64, mut f: impl FnMut() -> bool) -> (Duration, u64) 
     (start.elapsed(), black_box(ok))
 }
 
+/// Nanoseconds per call of `n` calls that took `d`.
 #[allow(clippy::cast_precision_loss)]
 pub(crate) fn ns_per(d: Duration, n: u64) -> f64 {
     d.as_secs_f64() * 1e9 / n as f64
@@ -27,6 +30,7 @@ pub(crate) fn spread(samples: &[f64]) -> String {
     format!("{:.1} ({:.0}–{:.0})", median(samples), lo, hi)
 }
 
+/// Seconds as milliseconds, three decimals.
 pub(crate) fn ms(d: f64) -> String {
     format!("{:.3}", d * 1e3)
 }

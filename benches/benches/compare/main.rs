@@ -5,17 +5,10 @@
 //! after `--` to run only some: `calibration try threads pacing herd memory
 //! cancel`). `BENCH_QUICK=1` shortens every scenario, for a smoke test.
 //!
-//! The peers, configured the obvious way a user would:
-//! * governor 0.10, direct (`check()`, `until_ready()`) and keyed
-//!   (`check_key()`), default clock (quanta) and default keyed store
-//!   (dashmap);
-//! * leaky-bucket 1.x (`try_acquire(1)`, `acquire_one()`), `max` = capacity,
-//!   `initial` = capacity, one token per `1/rate` (its interval cannot be
-//!   below 1 ms, so above 1 000/s it adds `rate / 1000` per millisecond);
-//! * a tokio `Semaphore` of `capacity` permits refilled by a task that adds
-//!   one permit per `tokio::time::interval(1/rate)` tick while fewer than
-//!   `capacity` are available (default `MissedTickBehavior::Burst`, so missed
-//!   ticks are caught up); `try_acquire` + `forget`.
+//! One module per scenario, each with its table and its targets
+//! (`calibration`, `try_acquire`, `threads`, `pacing`, `herd`, `memory`,
+//! `cancel`); the limiters they compare are built in `peers`, the timed
+//! loops are in `harness`, the durations and counts in `settings`.
 
 mod calibration;
 mod cancel;

@@ -1,6 +1,18 @@
 //! The limiters under test, ours and the peers (governor, leaky-bucket, a
 //! refilled tokio `Semaphore`): built from one [`Spec`] and driven through
 //! one [`Subject`] enum.
+//!
+//! The peers, configured the obvious way a user would:
+//! * governor 0.10, direct (`check()`, `until_ready()`) and keyed
+//!   (`check_key()`), default clock (quanta) and default keyed store
+//!   (dashmap);
+//! * leaky-bucket 1.x (`try_acquire(1)`, `acquire_one()`), `max` = capacity,
+//!   `initial` = capacity, one token per `1/rate` (its interval cannot be
+//!   below 1 ms, so above 1 000/s it adds `rate / 1000` per millisecond);
+//! * a tokio `Semaphore` of `capacity` permits refilled by a task that adds
+//!   one permit per `tokio::time::interval(1/rate)` tick while fewer than
+//!   `capacity` are available (default `MissedTickBehavior::Burst`, so missed
+//!   ticks are caught up); `try_acquire` + `forget`.
 
 use std::num::NonZeroU32;
 use std::sync::Arc;
