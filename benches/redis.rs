@@ -44,15 +44,19 @@ struct Row {
 fn row(what: &str, in_flight: &str, ops: usize, elapsed: Duration, mut lat: Vec<Duration>) -> Row {
     lat.sort_unstable();
     let at = |q: f64| {
-        #[allow(
+        #[expect(
             clippy::cast_possible_truncation,
             clippy::cast_sign_loss,
-            clippy::cast_precision_loss
+            clippy::cast_precision_loss,
+            reason = "measured figures that fit"
         )]
         let i = ((lat.len() as f64 - 1.0) * q).round() as usize;
         lat[i]
     };
-    #[allow(clippy::cast_precision_loss)]
+    #[expect(
+        clippy::cast_precision_loss,
+        reason = "counts and nanoseconds, far below 2^53"
+    )]
     let per_second = ops as f64 / elapsed.as_secs_f64();
     Row {
         what: what.to_owned(),

@@ -81,7 +81,11 @@ pub fn median(samples: &[f64]) -> f64 {
 /// The `q`-quantile (0..=1) of sorted samples, nearest rank.
 pub fn quantile<T: Copy>(sorted: &[T], q: f64) -> T {
     assert!(!sorted.is_empty(), "quantile of no samples");
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "measured figures that fit"
+    )]
     let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
     sorted[rank - 1]
 }

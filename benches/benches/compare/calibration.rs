@@ -67,7 +67,6 @@ pub(crate) fn calibration(set: &Settings) {
                 time_loop(n, || {
                     #[cfg(target_arch = "x86_64")]
                     // SAFETY: rdtsc is available on every x86_64 CPU.
-                    #[allow(unused_unsafe)]
                     black_box(unsafe { std::arch::x86_64::_rdtsc() });
                     true
                 })

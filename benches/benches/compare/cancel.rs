@@ -58,7 +58,10 @@ async fn cancel(kind: Kind, spec: Spec, tasks: usize, run: Duration) -> Cancel {
     let rate = spec.per_sec();
     let window = |a: Instant, b: Instant| {
         let n = log.iter().filter(|&&t| t > a && t <= b).count();
-        #[allow(clippy::cast_precision_loss)]
+        #[expect(
+            clippy::cast_precision_loss,
+            reason = "counts and nanoseconds, far below 2^53"
+        )]
         let r = n as f64 / (b - a).as_secs_f64() / rate;
         r
     };

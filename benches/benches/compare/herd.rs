@@ -56,7 +56,10 @@ async fn herd(subject: Option<Subject>, tasks: usize, rate: f64, run: Duration) 
     let wall = (t1 - t0).as_secs_f64();
     let deltas: Vec<u64> = c1.iter().zip(&c0).map(|(a, b)| a - b).collect();
     let spread = deltas.iter().max().unwrap_or(&0) - deltas.iter().min().unwrap_or(&0);
-    #[allow(clippy::cast_precision_loss)]
+    #[expect(
+        clippy::cast_precision_loss,
+        reason = "counts and nanoseconds, far below 2^53"
+    )]
     let achieved = deltas.iter().sum::<u64>() as f64 / wall / rate;
     Herd {
         cpu_per_sec: (cpu1 - cpu0).as_secs_f64() / wall,
@@ -132,7 +135,10 @@ pub(crate) fn waiters(rt: &Runtime, set: &Settings) {
             "≥",
             30.0,
         ));
-        #[allow(clippy::cast_precision_loss)]
+        #[expect(
+            clippy::cast_precision_loss,
+            reason = "counts and nanoseconds, far below 2^53"
+        )]
         t.note(ratio_line(
             &format!("{} max − min grants per task", k.name()),
             spread as f64,

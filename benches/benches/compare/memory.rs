@@ -112,7 +112,10 @@ pub(crate) fn memory(rt: &Runtime, set: &Settings) {
         // Live memory: the tables freed while the map grew go back first.
         trim_heap();
         let after = rss_bytes();
-        #[allow(clippy::cast_precision_loss)]
+        #[expect(
+            clippy::cast_precision_loss,
+            reason = "counts and nanoseconds, far below 2^53"
+        )]
         let bytes = (after.saturating_sub(before)) as f64 / set.keys as f64;
         let times = keyed_checks(|k| limiter.try_acquire(&k).is_ok(), set.keys, set);
         t.row(vec![
@@ -136,7 +139,10 @@ pub(crate) fn memory(rt: &Runtime, set: &Settings) {
         }
         trim_heap();
         let after = rss_bytes();
-        #[allow(clippy::cast_precision_loss)]
+        #[expect(
+            clippy::cast_precision_loss,
+            reason = "counts and nanoseconds, far below 2^53"
+        )]
         let bytes = (after.saturating_sub(before)) as f64 / set.keys as f64;
         let times = keyed_checks(|k| limiter.check_key(&k).is_ok(), set.keys, set);
         t.row(vec![
@@ -178,10 +184,12 @@ pub(crate) fn memory(rt: &Runtime, set: &Settings) {
         let stats = limiter.stats();
         // The client asks every 1000 flood keys, far more often than its
         // 10/s: it should get its whole allowance, and never more.
-        #[allow(clippy::cast_precision_loss)]
         let allowance = 3.0 + 10.0 * elapsed;
         drop(limiter);
-        #[allow(clippy::cast_precision_loss)]
+        #[expect(
+            clippy::cast_precision_loss,
+            reason = "counts and nanoseconds, far below 2^53"
+        )]
         let mb = peak.saturating_sub(before) as f64 / 1e6;
         t.row(vec![
             format!("KeyedFunnel flood: {flood} one-shot keys, max_keys {max_keys}"),
@@ -190,7 +198,10 @@ pub(crate) fn memory(rt: &Runtime, set: &Settings) {
             "—".into(),
             "—".into(),
         ]);
-        #[allow(clippy::cast_precision_loss)]
+        #[expect(
+            clippy::cast_precision_loss,
+            reason = "counts and nanoseconds, far below 2^53"
+        )]
         let ok =
             (legit_granted as f64) <= allowance + 1e-9 && (legit_granted as f64) >= allowance - 2.0;
         format!(
@@ -250,7 +261,10 @@ pub(crate) fn memory(rt: &Runtime, set: &Settings) {
         let cpu = (cpu_time() - cpu0).as_secs_f64() / t0.elapsed().as_secs_f64();
         drop(all);
         rt.block_on(async { tokio::time::sleep(Duration::from_millis(200)).await });
-        #[allow(clippy::cast_precision_loss)]
+        #[expect(
+            clippy::cast_precision_loss,
+            reason = "counts and nanoseconds, far below 2^53"
+        )]
         let bytes = after.saturating_sub(before) as f64 / idle as f64;
         t.row(vec![
             format!("{idle} idle {name}"),

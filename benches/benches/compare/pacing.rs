@@ -153,7 +153,10 @@ async fn pace(kind: Kind, spec: Spec, tasks: usize, run: Duration) -> Pacing {
         .collect();
     offsets.sort_by(f64::total_cmp);
     let rate = spec.per_sec();
-    #[allow(clippy::cast_precision_loss)]
+    #[expect(
+        clippy::cast_precision_loss,
+        reason = "counts and nanoseconds, far below 2^53"
+    )]
     let ideal = |k: usize| k as f64 / rate;
 
     // From the start signal, with the initial burst.
@@ -185,7 +188,10 @@ async fn pace(kind: Kind, spec: Spec, tasks: usize, run: Duration) -> Pacing {
     // Over the fixed window [warm-up, end]: grants per tick batch cut at
     // either end cancel out on average (counting from the first grant's
     // own time would count its batch, due up to a tick earlier, for free).
-    #[allow(clippy::cast_precision_loss)]
+    #[expect(
+        clippy::cast_precision_loss,
+        reason = "counts and nanoseconds, far below 2^53"
+    )]
     let achieved = scored.len() as f64 / (run - warm_up(run)).as_secs_f64() / rate;
     Pacing {
         grants: offsets.len(),
@@ -271,7 +277,10 @@ pub(crate) fn pacing(rt: &Runtime, set: &Settings) {
                 };
                 let refused: u64 = r.iter().map(|p| p.refused).sum();
                 let stalled: usize = r.iter().map(|p| p.stalled).sum();
-                #[allow(clippy::cast_precision_loss)]
+                #[expect(
+                    clippy::cast_precision_loss,
+                    reason = "counts and nanoseconds, far below 2^53"
+                )]
                 let grants = med(r, |p| p.grants as f64);
                 let achieved = med(r, |p| p.achieved);
                 let p99 = med(r, |p| p.late[1]);

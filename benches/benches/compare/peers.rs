@@ -168,7 +168,11 @@ impl Spec {
             (self.interval(), 1)
         } else {
             let per_ms = (self.per_sec() / 1000.0).round();
-            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            #[expect(
+                clippy::cast_possible_truncation,
+                clippy::cast_sign_loss,
+                reason = "measured figures that fit"
+            )]
             (Duration::from_millis(1), per_ms as usize)
         };
         leaky_bucket::RateLimiter::builder()

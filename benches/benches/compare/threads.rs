@@ -33,7 +33,10 @@ fn two_threads(s: &Subject, n: u64) -> (f64, f64, u64, f64) {
     });
     let per_call = res.iter().map(|(d, _, _)| ns_per(*d, n)).sum::<f64>() / 2.0;
     let slowest = res.iter().map(|(d, _, _)| *d).max().unwrap();
-    #[allow(clippy::cast_precision_loss)]
+    #[expect(
+        clippy::cast_precision_loss,
+        reason = "counts and nanoseconds, far below 2^53"
+    )]
     let total = 2.0 * n as f64 / slowest.as_secs_f64();
     let on_cpu = res.iter().map(|(_, _, c)| c).sum::<f64>() / 2.0;
     (
