@@ -110,7 +110,11 @@ pub(crate) enum Subject {
     Governor(DefaultDirectRateLimiter),
     LeakyCrate(leaky_bucket::RateLimiter),
     /// The refill task, held only to be aborted with the Semaphore.
-    Semaphore(Arc<Semaphore>, #[allow(dead_code)] Option<AbortOnDrop>),
+    Semaphore(
+        Arc<Semaphore>,
+        #[expect(dead_code, reason = "held for its Drop, which stops the refill task")]
+        Option<AbortOnDrop>,
+    ),
 }
 
 /// Ends the Semaphore's refill task with the Semaphore.
