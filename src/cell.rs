@@ -426,7 +426,7 @@ mod tests {
 
     fn cell(rate: Rate, capacity: u32) -> Cell {
         let params = Params::new(rate, capacity).unwrap();
-        Cell::new(params, 0, Instant::now())
+        Cell::new(params, 0, crate::clock::now())
     }
 
     const MS: u128 = 1_000_000;

@@ -213,9 +213,25 @@ pub(crate) fn sleep_until(deadline: Instant) -> Sleep {
 }
 
 /// A timer that fires after `duration` (rounded up to the next tick).
-#[cfg(feature = "redis")]
 pub(crate) fn sleep(duration: Duration) -> Sleep {
     tokio::time::sleep(duration)
+}
+
+/// `future`, or `Elapsed` once `deadline` has passed.
+pub(crate) fn timeout_at<F: std::future::Future>(
+    deadline: Instant,
+    future: F,
+) -> tokio::time::Timeout<F> {
+    tokio::time::timeout_at(deadline, future)
+}
+
+/// `future`, or `Elapsed` once `duration` has passed.
+#[cfg(feature = "redis")]
+pub(crate) fn timeout<F: std::future::Future>(
+    duration: Duration,
+    future: F,
+) -> tokio::time::Timeout<F> {
+    tokio::time::timeout(duration, future)
 }
 
 #[cfg(test)]

@@ -309,7 +309,7 @@ impl Engine {
         // The turn was within `max_wait` when it was reserved; a later
         // `set_rate` may push it out, so the deadline still stands.
         match max_wait.and_then(|wait| clock::now().checked_add(wait)) {
-            Some(deadline) => tokio::time::timeout_at(deadline, waiter)
+            Some(deadline) => clock::timeout_at(deadline, waiter)
                 .await
                 .unwrap_or_else(|_| {
                     self.counters.refused();

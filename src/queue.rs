@@ -254,7 +254,7 @@ mod tests {
     fn setup(capacity: u32) -> (Params, Cell, Queue) {
         let rate = Rate::every(Duration::from_millis(100));
         let params = Params::new(rate, capacity).unwrap();
-        let cell = Cell::new(params, 0, tokio::time::Instant::now());
+        let cell = Cell::new(params, 0, crate::clock::now());
         (params, cell, Queue::new(rate))
     }
 

@@ -619,7 +619,7 @@ where
             match self.inner.try_acquire(key, n) {
                 Ok(()) => return Ok(()),
                 Err(TryAcquireError::Limited { retry_after }) => {
-                    tokio::time::sleep(retry_after).await;
+                    clock::sleep(retry_after).await;
                 }
                 Err(TryAcquireError::InsufficientCapacity) => {
                     return Err(AcquireError::InsufficientCapacity);

@@ -389,7 +389,7 @@ where
                     return result;
                 }
                 Err(Unavailable::Refused { retry_after }) => {
-                    tokio::time::sleep(retry_after).await;
+                    clock::sleep(retry_after).await;
                 }
                 Err(Unavailable::Failed) => return Err(AcquireError::Closed),
             }

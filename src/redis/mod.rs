@@ -495,7 +495,7 @@ impl Builder {
         let mut conn = ConnectionManager::new_lazy_with_config(client, config)
             .map_err(RedisBuildError::Redis)?;
         let script = Script::new(SCRIPT);
-        match tokio::time::timeout(self.connect_timeout, script.load_async(&mut conn)).await {
+        match clock::timeout(self.connect_timeout, script.load_async(&mut conn)).await {
             Ok(Ok(_)) => {}
             Ok(Err(e)) if !e.is_timeout() => return Err(RedisBuildError::Redis(e)),
             // The connection attempt has the same timeout as ours, and
@@ -678,7 +678,7 @@ impl RedisFunnel {
             .collect();
         if !asked.is_empty() {
             let batch = self.resend_if_unsent(|| self.eval_many(&asked));
-            let mut decided = match tokio::time::timeout(self.inner.timeout, batch).await {
+            let mut decided = match clock::timeout(self.inner.timeout, batch).await {
                 Ok(Ok(replies)) => replies
                     .into_iter()
                     .map(|r| match r.and_then(Answer::parse) {
@@ -817,7 +817,7 @@ impl RedisFunnel {
             // script and sends it again.
             async move { call.invoke_async::<Reply>(&mut conn).await }
         };
-        match tokio::time::timeout(self.inner.timeout, self.resend_if_unsent(attempt)).await {
+        match clock::timeout(self.inner.timeout, self.resend_if_unsent(attempt)).await {
             Err(_) => Err(self.timed_out()),
             Ok(Err(e)) => Err(self.backend(e)),
             Ok(Ok(reply)) => Answer::parse(reply).map_err(RedisLimitError::Backend),
