@@ -208,7 +208,7 @@ fn flags_map_onto_the_config() {
 
     let config = parse(&[
         "--rate",
-        "0.5",
+        " 0.5 ",
         "--capacity=7",
         "--interval",
         "12.5",
@@ -243,105 +243,78 @@ fn flags_map_onto_the_config() {
 
 #[test]
 fn bad_flags_are_refused_with_a_reason() {
-    let invalid = |flag: &str, value: &str, reason: &str| {
-        format!("invalid value '{value}' for '{flag}': {reason}")
-    };
-    let cases: Vec<(&[&str], ErrorKind, String)> = vec![
-        (&["--nope"], ErrorKind::UnknownArgument, "'--nope'".into()),
-        (&["stray"], ErrorKind::UnknownArgument, "'stray'".into()),
-        (&["--rate"], ErrorKind::InvalidValue, "'--rate <R>'".into()),
-        // A flag is not a value; a negative number is.
+    let refused: &[(&[&str], ErrorKind, &str)] = &[
+        (&["--nope"], ErrorKind::UnknownArgument, "'--nope'"),
+        (&["stray"], ErrorKind::UnknownArgument, "'stray'"),
+        (&["--rate"], ErrorKind::InvalidValue, "'--rate <R>'"),
+        // A flag is not a value (a negative number is, and is refused below).
         (
             &["--rate", "--count", "3"],
             ErrorKind::InvalidValue,
-            "'--rate <R>'".into(),
-        ),
-        (
-            &["--rate", "fast"],
-            ErrorKind::ValueValidation,
-            invalid("--rate <R>", "fast", "expects a number"),
-        ),
-        (
-            &["--rate", "-2"],
-            ErrorKind::ValueValidation,
-            invalid("--rate <R>", "-2", "must be a positive number"),
-        ),
-        (
-            &["--rate", "NaN"],
-            ErrorKind::ValueValidation,
-            invalid("--rate <R>", "NaN", "must be a positive number"),
-        ),
-        (
-            &["--capacity", "0"],
-            ErrorKind::ValueValidation,
-            invalid("--capacity <N>", "0", "must be at least 1"),
-        ),
-        (
-            &["--capacity", "2.5"],
-            ErrorKind::ValueValidation,
-            invalid(
-                "--capacity <N>",
-                "2.5",
-                "expects a whole number of at least 1",
-            ),
-        ),
-        (
-            &["--count", "x"],
-            ErrorKind::ValueValidation,
-            invalid("--count <N>", "x", "expects a whole number"),
-        ),
-        (
-            &["--count", "100001"],
-            ErrorKind::ValueValidation,
-            invalid("--count <N>", "100001", "must be at most 100000"),
-        ),
-        (
-            &["--interval", "1e-9"],
-            ErrorKind::ValueValidation,
-            invalid(
-                "--interval <MS>",
-                "1e-9",
-                "must be at least 1 ns (0.000001 ms)",
-            ),
-        ),
-        (
-            &["--interval", "1e30"],
-            ErrorKind::ValueValidation,
-            invalid("--interval <MS>", "1e30", "must be at most 365 days"),
-        ),
-        (
-            &["--limiters", "token,bogus"],
-            ErrorKind::ValueValidation,
-            invalid(
-                "--limiters <LIST>",
-                "token,bogus",
-                "unknown limiter 'bogus' (known: token, token-wait, leaky, shaper, funnel, \
-                 bursty, warmup)",
-            ),
-        ),
-        (
-            &["--limiters", "token,"],
-            ErrorKind::ValueValidation,
-            invalid("--limiters <LIST>", "token,", "empty limiter name"),
-        ),
-        (
-            &["--cold-factor", "0.5"],
-            ErrorKind::ValueValidation,
-            invalid("--cold-factor <F>", "0.5", "must be at least 1"),
-        ),
-        (
-            &["--warmup", "0"],
-            ErrorKind::ValueValidation,
-            invalid("--warmup <SECS>", "0", "must be a positive number"),
+            "'--rate <R>'",
         ),
     ];
-    for (args, kind, message) in cases {
-        let error = parse(args).unwrap_err();
+    // The flag as clap names it, the value, and the reason after clap's
+    // "invalid value '…' for '…': ".
+    let invalid: &[(&str, &str, &str)] = &[
+        ("--rate <R>", "fast", "expects a number"),
+        ("--rate <R>", "-2", "must be a positive number"),
+        ("--rate <R>", "NaN", "must be a positive number"),
+        ("--capacity <N>", "0", "must be at least 1"),
+        (
+            "--capacity <N>",
+            "2.5",
+            "expects a whole number of at least 1",
+        ),
+        ("--capacity <N>", "4294967296", "must be at most 4294967295"),
+        ("--count <N>", "x", "expects a whole number"),
+        ("--count <N>", "100001", "must be at most 100000"),
+        ("--interval <MS>", "-1", "must be a positive number"),
+        (
+            "--interval <MS>",
+            "1e-9",
+            "must be at least 1 ns (0.000001 ms)",
+        ),
+        ("--interval <MS>", "1e30", "must be at most 365 days"),
+        (
+            "--limiters <LIST>",
+            "token,bogus",
+            "unknown limiter 'bogus' (known: token, token-wait, leaky, shaper, funnel, bursty, \
+             warmup)",
+        ),
+        ("--limiters <LIST>", "token,", "empty limiter name"),
+        ("--cold-factor <F>", "0.5", "must be at least 1"),
+        ("--warmup <SECS>", "0", "must be a positive number"),
+        ("--warmup <SECS>", "1e10", "must be at most 365 days"),
+    ];
+    let invalid = invalid.iter().map(|&(flag, value, reason)| {
+        let name = flag.split(' ').next().unwrap();
+        let message = format!("invalid value '{value}' for '{flag}': {reason}");
+        (vec![name, value], ErrorKind::ValueValidation, message)
+    });
+    let refused = refused
+        .iter()
+        .map(|&(args, kind, message)| (args.to_vec(), kind, message.to_owned()));
+    for (args, kind, message) in refused.chain(invalid) {
+        let error = parse(&args).unwrap_err();
         assert_eq!(error.kind(), kind, "{args:?}: {error}");
         let text = error.to_string();
         assert!(text.contains(&message), "{args:?}: {text}");
         assert!(text.contains("try '--help'"), "{args:?}: {text}");
     }
+    // The largest values allowed.
+    let config = parse(&[
+        "--capacity",
+        "4294967295",
+        "--count",
+        "100000",
+        "--interval",
+        "1",
+    ]);
+    assert_eq!(
+        config.map(|c| (c.capacity, c.count)).unwrap(),
+        (u32::MAX, 100_000)
+    );
 }
 
 #[test]
