@@ -276,11 +276,15 @@ impl Config {
 
 /// The command line. Each flag's value is checked by its own parser below,
 /// so a bad one is reported by clap with the flag's name; what depends on
-/// two flags is checked by [`parse_args`].
+/// two flags is checked by [`parse_args`]. Numeric flags take negative
+/// numbers as values, so that `--rate -2` is refused as not positive rather
+/// than as an unknown flag `-2`.
 #[derive(Debug, Parser)]
 #[command(
     name = "playground",
     about = "Replays a traffic pattern through tokio-ratelimit's limiters, in virtual time.",
+    // This doc comment is for readers of the code, not for `--help`.
+    long_about = None,
     override_usage = "cargo run --release --example playground -- [OPTIONS]",
     after_help = after_help(),
     // A repeated flag: the last one wins, as a shell alias expects.
@@ -332,7 +336,7 @@ const MAX_SPAN: Duration = Duration::from_secs(365 * 24 * 3600);
 pub(crate) fn parse_args<I>(args: I) -> Result<Config, clap::Error>
 where
     I: IntoIterator,
-    I::Item: Into<OsString> + Clone,
+    I::Item: Into<OsString>,
 {
     let program = OsString::from("playground");
     let flags =
