@@ -47,6 +47,7 @@
 //! at their exact instants).
 
 use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::fmt::{self, Write as _};
 use std::future::Future;
 use std::io::Write as _;
@@ -56,6 +57,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use clap::error::ErrorKind;
+use clap::{CommandFactory as _, Parser};
 use tokio::time::{self, Instant};
 use tokio_ratelimit::{
     AcquireError, ConfigError, Funnel, LeakyBucket, Limiter, Rate, SmoothBursty, SmoothWarmingUp,
@@ -252,17 +255,10 @@ pub(crate) struct Config {
 }
 
 impl Default for Config {
-    /// The source material's demo, through every limiter.
+    /// The source material's demo, through every limiter: the flags'
+    /// defaults, which live once, on [`Flags`].
     fn default() -> Config {
-        Config {
-            rate: 2.0,
-            capacity: 2,
-            interval: Duration::from_millis(200),
-            count: 30,
-            warmup: Duration::from_secs(2),
-            cold_factor: 3.0,
-            limiters: LIMITERS.iter().collect(),
-        }
+        parse_args(std::iter::empty::<&str>()).expect("the flags' defaults are valid")
     }
 }
 
@@ -278,24 +274,56 @@ impl Config {
     }
 }
 
-/// What the command line asks for.
-#[derive(Debug)]
-pub(crate) enum Command {
-    /// Replay the traffic.
-    Run(Config),
-    /// Print the usage.
-    Help,
+/// The command line. Each flag's value is checked by its own parser below,
+/// so a bad one is reported by clap with the flag's name; what depends on
+/// two flags is checked by [`parse_args`]. Numeric flags take negative
+/// numbers as values, so that `--rate -2` is refused as not positive rather
+/// than as an unknown flag `-2`.
+#[derive(Debug, Parser)]
+#[command(
+    name = "playground",
+    about = "Replays a traffic pattern through tokio-ratelimit's limiters, in virtual time.",
+    // This doc comment is for readers of the code, not for `--help`.
+    long_about = None,
+    override_usage = "cargo run --release --example playground -- [OPTIONS]",
+    after_help = after_help(),
+    // A repeated flag: the last one wins, as a shell alias expects.
+    args_override_self = true
+)]
+pub(crate) struct Flags {
+    /// Permits per second, may be fractional
+    #[arg(long, value_name = "R", default_value = "2", allow_negative_numbers = true,
+          value_parser = positive_float)]
+    rate: f64,
+    /// The burst: bucket size in tokens or units
+    #[arg(long, value_name = "N", default_value = "2", allow_negative_numbers = true,
+          value_parser = capacity)]
+    capacity: u32,
+    /// Milliseconds between two requests, may be fractional
+    #[arg(long, value_name = "MS", default_value = "200", allow_negative_numbers = true,
+          value_parser = interval)]
+    interval: Duration,
+    /// Number of requests, at most 100000
+    #[arg(long, value_name = "N", default_value = "30", allow_negative_numbers = true,
+          value_parser = count)]
+    count: u32,
+    /// Comma-separated names, or 'all'
+    #[arg(long, value_name = "LIST", default_value = "all", value_parser = limiter_list)]
+    limiters: Chosen,
+    /// Warm-up period of the 'warmup' limiter, in seconds
+    #[arg(long, value_name = "SECS", default_value = "2", allow_negative_numbers = true,
+          value_parser = warmup)]
+    warmup: Duration,
+    /// Its cold factor, at least 1
+    #[arg(long, value_name = "F", default_value = "3", allow_negative_numbers = true,
+          value_parser = cold_factor)]
+    cold_factor: f64,
 }
 
-/// A bad command line, as a one-line message.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct UsageError(pub(crate) String);
-
-impl fmt::Display for UsageError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
+/// The value of `--limiters`: one flag, one list (a bare `Vec` field would
+/// make clap expect the flag once per name).
+#[derive(Debug, Clone)]
+struct Chosen(Vec<&'static Entry>);
 
 /// The most requests a replay takes.
 const MAX_COUNT: u32 = 100_000;
@@ -303,145 +331,114 @@ const MAX_COUNT: u32 = 100_000;
 const MAX_SPAN: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// Parses the flags (without the program name). `--flag value` and
-/// `--flag=value` are both accepted.
-pub(crate) fn parse_args<I>(args: I) -> Result<Command, UsageError>
+/// `--flag=value` are both accepted; `--help` and `-h` come back as an
+/// error of kind [`ErrorKind::DisplayHelp`], whose `exit()` prints the help.
+pub(crate) fn parse_args<I>(args: I) -> Result<Config, clap::Error>
 where
     I: IntoIterator,
-    I::Item: Into<String>,
+    I::Item: Into<OsString>,
 {
-    let mut config = Config::default();
-    let mut args = args.into_iter().map(Into::into);
-    while let Some(arg) = args.next() {
-        if arg == "--help" || arg == "-h" {
-            return Ok(Command::Help);
-        }
-        let (flag, inline) = match arg.split_once('=') {
-            Some((flag, value)) if flag.starts_with("--") => {
-                (flag.to_owned(), Some(value.to_owned()))
-            }
-            _ => (arg.clone(), None),
-        };
-        if !matches!(
-            flag.as_str(),
-            "--rate"
-                | "--capacity"
-                | "--interval"
-                | "--count"
-                | "--limiters"
-                | "--warmup"
-                | "--cold-factor"
-        ) {
-            return Err(if flag.starts_with('-') {
-                UsageError(format!("unknown flag '{flag}'"))
-            } else {
-                UsageError(format!("unexpected argument '{arg}'"))
-            });
-        }
-        // `--rate --count 3` lacks a value too; a negative number has one dash.
-        let value = inline.or_else(|| args.next().filter(|next| !next.starts_with("--")));
-        let Some(value) = value else {
-            return Err(UsageError(format!("{flag} needs a value")));
-        };
-        match flag.as_str() {
-            "--rate" => config.rate = positive_float(&flag, &value)?,
-            "--capacity" => config.capacity = positive_whole(&flag, &value, u32::MAX)?,
-            "--interval" => config.interval = interval(&flag, &value)?,
-            "--count" => config.count = positive_whole(&flag, &value, MAX_COUNT)?,
-            "--warmup" => {
-                let secs = positive_float(&flag, &value)?;
-                config.warmup = Duration::try_from_secs_f64(secs)
-                    .ok()
-                    .filter(|d| *d <= MAX_SPAN)
-                    .ok_or_else(|| UsageError(format!("{flag} is too long, got '{value}'")))?;
-            }
-            "--cold-factor" => {
-                config.cold_factor = positive_float(&flag, &value)?;
-                if config.cold_factor < 1.0 {
-                    return Err(UsageError(format!(
-                        "{flag} must be at least 1, got '{value}'"
-                    )));
-                }
-            }
-            _ => config.limiters = limiter_list(&flag, &value)?,
-        }
-    }
-    let span = config.interval.checked_mul(config.count - 1);
+    let program = OsString::from("playground");
+    let flags =
+        Flags::try_parse_from(std::iter::once(program).chain(args.into_iter().map(Into::into)))?;
+    let span = flags.interval.checked_mul(flags.count - 1);
     if span.is_none_or(|span| span > MAX_SPAN) {
-        return Err(UsageError(format!(
-            "--count {} × --interval lasts more than the playground's limit of {} days",
-            config.count,
-            MAX_SPAN.as_secs() / 86_400
-        )));
+        return Err(Flags::command().error(
+            ErrorKind::ValueValidation,
+            format!(
+                "--count {} × --interval lasts more than the playground's limit of {} days",
+                flags.count,
+                MAX_SPAN.as_secs() / 86_400
+            ),
+        ));
     }
-    Ok(Command::Run(config))
+    Ok(Config {
+        rate: flags.rate,
+        capacity: flags.capacity,
+        interval: flags.interval,
+        count: flags.count,
+        warmup: flags.warmup,
+        cold_factor: flags.cold_factor,
+        limiters: flags.limiters.0,
+    })
 }
 
-fn positive_float(flag: &str, value: &str) -> Result<f64, UsageError> {
+// The value parsers. Each message completes clap's "invalid value '…' for
+// '--flag <V>': ".
+
+fn positive_float(value: &str) -> Result<f64, String> {
     match value.trim().parse::<f64>() {
         Ok(x) if x.is_finite() && x > 0.0 => Ok(x),
-        Ok(_) => Err(UsageError(format!(
-            "{flag} must be a positive number, got '{value}'"
-        ))),
-        Err(_) => Err(UsageError(format!(
-            "{flag} expects a number, got '{value}'"
-        ))),
+        Ok(_) => Err("must be a positive number".to_owned()),
+        Err(_) => Err("expects a number".to_owned()),
     }
 }
 
-fn positive_whole(flag: &str, value: &str, max: u32) -> Result<u32, UsageError> {
+fn positive_whole(value: &str, max: u32) -> Result<u32, String> {
     let value = value.trim();
     let n = value.parse::<u64>().map_err(|_| {
-        let what = if value.starts_with('-') || value.parse::<f64>().is_ok() {
-            "a whole number of at least 1"
+        if value.starts_with('-') || value.parse::<f64>().is_ok() {
+            "expects a whole number of at least 1".to_owned()
         } else {
-            "a whole number"
-        };
-        UsageError(format!("{flag} expects {what}, got '{value}'"))
+            "expects a whole number".to_owned()
+        }
     })?;
     match u32::try_from(n) {
-        Ok(0) => Err(UsageError(format!("{flag} must be at least 1, got 0"))),
+        Ok(0) => Err("must be at least 1".to_owned()),
         Ok(n) if n <= max => Ok(n),
-        _ => Err(UsageError(format!(
-            "{flag} must be at most {max}, got {value}"
-        ))),
+        _ => Err(format!("must be at most {max}")),
     }
 }
 
-fn interval(flag: &str, value: &str) -> Result<Duration, UsageError> {
-    let ms = positive_float(flag, value)?;
-    let interval = Duration::try_from_secs_f64(ms / 1000.0)
+fn capacity(value: &str) -> Result<u32, String> {
+    positive_whole(value, u32::MAX)
+}
+
+fn count(value: &str) -> Result<u32, String> {
+    positive_whole(value, MAX_COUNT)
+}
+
+fn interval(value: &str) -> Result<Duration, String> {
+    let ms = positive_float(value)?;
+    match Duration::try_from_secs_f64(ms / 1000.0)
         .ok()
-        .filter(|d| *d <= MAX_SPAN);
-    match interval {
+        .filter(|d| *d <= MAX_SPAN)
+    {
         Some(d) if !d.is_zero() => Ok(d),
-        Some(_) => Err(UsageError(format!(
-            "{flag} must be at least 1 ns (0.000001 ms), got '{value}'"
-        ))),
-        None => Err(UsageError(format!(
-            "{flag} must be at most {} days, got '{value}'",
+        Some(_) => Err("must be at least 1 ns (0.000001 ms)".to_owned()),
+        None => Err(format!(
+            "must be at most {} days",
             MAX_SPAN.as_secs() / 86_400
-        ))),
+        )),
     }
 }
 
-fn limiter_list(flag: &str, value: &str) -> Result<Vec<&'static Entry>, UsageError> {
+fn warmup(value: &str) -> Result<Duration, String> {
+    let secs = positive_float(value)?;
+    Duration::try_from_secs_f64(secs)
+        .ok()
+        .filter(|d| *d <= MAX_SPAN)
+        .ok_or_else(|| format!("must be at most {} days", MAX_SPAN.as_secs() / 86_400))
+}
+
+fn cold_factor(value: &str) -> Result<f64, String> {
+    let factor = positive_float(value)?;
+    if factor < 1.0 {
+        return Err("must be at least 1".to_owned());
+    }
+    Ok(factor)
+}
+
+/// Names in the order given, each once; `all` stands for every limiter.
+fn limiter_list(value: &str) -> Result<Chosen, String> {
     let mut chosen: Vec<&'static Entry> = Vec::new();
     for name in value.split(',').map(str::trim) {
         let found: Vec<&'static Entry> = match name {
             "all" => LIMITERS.iter().collect(),
-            "" => {
-                return Err(UsageError(format!(
-                    "{flag}: empty limiter name in '{value}'"
-                )));
-            }
+            "" => return Err("empty limiter name".to_owned()),
             _ => match LIMITERS.iter().find(|entry| entry.name == name) {
                 Some(entry) => vec![entry],
-                None => {
-                    return Err(UsageError(format!(
-                        "{flag}: unknown limiter '{name}' (known: {})",
-                        names()
-                    )));
-                }
+                None => return Err(format!("unknown limiter '{name}' (known: {})", names())),
             },
         };
         for entry in found {
@@ -450,7 +447,7 @@ fn limiter_list(flag: &str, value: &str) -> Result<Vec<&'static Entry>, UsageErr
             }
         }
     }
-    Ok(chosen)
+    Ok(Chosen(chosen))
 }
 
 fn names() -> String {
@@ -461,33 +458,17 @@ fn names() -> String {
         .join(", ")
 }
 
-/// The help text.
-pub(crate) fn usage() -> String {
-    let mut text = String::from(
-        "Replays a traffic pattern through tokio-ratelimit's limiters, in virtual time.\n\
-         \n\
-         usage: cargo run --release --example playground -- [options]\n\
-         \n\
-         options:\n  \
-           --rate R          permits per second, may be fractional (default 2)\n  \
-           --capacity N      the burst: bucket size in tokens or units (default 2)\n  \
-           --interval MS     milliseconds between two requests, may be fractional (default 200)\n  \
-           --count N         number of requests, at most 100000 (default 30)\n  \
-           --limiters LIST   comma-separated names, or 'all' (default all)\n  \
-           --warmup SECS     warm-up period of the 'warmup' limiter (default 2)\n  \
-           --cold-factor F   its cold factor, at least 1 (default 3)\n  \
-           -h, --help        print this help\n\
-         \n\
-         limiters:\n",
-    );
+/// The end of the help: the limiters and a few command lines.
+fn after_help() -> String {
+    let mut text = String::from("Limiters:\n");
     for entry in LIMITERS {
         let _ = writeln!(text, "  {:<11} {}", entry.name, entry.call);
     }
     text.push_str(
-        "\nexamples:\n  \
+        "\nExamples:\n  \
            cargo run --release --example playground -- --limiters token,shaper\n  \
            cargo run --release --example playground -- --limiters warmup --rate 5 --interval 100 --count 40\n  \
-           cargo run --release --example playground -- --rate 10 --capacity 5 --interval 50 --count 60\n",
+           cargo run --release --example playground -- --rate 10 --capacity 5 --interval 50 --count 60",
     );
     text
 }
@@ -1019,18 +1000,9 @@ fn trimmed(decimal: String) -> String {
 // ---------------------------------------------------------------------------
 
 fn main() -> ExitCode {
-    let config = match parse_args(std::env::args().skip(1)) {
-        Ok(Command::Run(config)) => config,
-        Ok(Command::Help) => {
-            print!("{}", usage());
-            return ExitCode::SUCCESS;
-        }
-        Err(error) => {
-            eprintln!("error: {error}\n");
-            eprint!("{}", usage());
-            return ExitCode::from(2);
-        }
-    };
+    // `exit` prints the help (to stdout, status 0) or the error with the
+    // usage (to stderr, status 2).
+    let config = parse_args(std::env::args_os().skip(1)).unwrap_or_else(|error| error.exit());
     let runs = match replay_all(&config) {
         Ok(runs) => runs,
         Err((name, error)) => {

@@ -11,8 +11,10 @@ mod playground;
 
 use std::time::Duration;
 
+use clap::CommandFactory as _;
+use clap::error::ErrorKind;
 use playground::{
-    Command, Config, Entry, LIMITERS, Outcome, Record, SecondRow, parse_args, per_second, replay,
+    Config, Entry, Flags, LIMITERS, Outcome, Record, SecondRow, parse_args, per_second, replay,
     replay_all, timeline, totals,
 };
 use tokio_ratelimit::ConfigError;
@@ -171,118 +173,167 @@ fn a_fractional_rate_is_exact() {
     assert_eq!(grants, [ms(0), ms(667), ms(1334), ms(2000)]);
 }
 
-fn parse(args: &[&str]) -> Result<Config, String> {
-    match parse_args(args.iter().copied()) {
-        Ok(Command::Run(config)) => Ok(config),
-        Ok(Command::Help) => Err("help".to_owned()),
-        Err(e) => Err(e.to_string()),
-    }
+fn parse(args: &[&str]) -> Result<Config, clap::Error> {
+    parse_args(args.iter().copied())
+}
+
+fn names(config: &Config) -> Vec<&'static str> {
+    config.limiters.iter().map(|e| e.name).collect()
 }
 
 #[test]
-fn flags_are_parsed() {
+fn the_flags_are_a_valid_clap_command() {
+    // clap's own consistency checks (names, defaults, value names).
+    Flags::command().debug_assert();
+}
+
+#[test]
+fn flags_map_onto_the_config() {
     let config = parse(&[]).unwrap();
     assert_eq!(
         (config.rate, config.capacity, config.interval, config.count),
         (2.0, 2, ms(200), 30)
     );
-    let names: Vec<&str> = config.limiters.iter().map(|e| e.name).collect();
-    assert_eq!(
-        names,
-        [
-            "token",
-            "token-wait",
-            "leaky",
-            "shaper",
-            "funnel",
-            "bursty",
-            "warmup"
-        ]
-    );
     assert_eq!((config.warmup, config.cold_factor), (ms(2000), 3.0));
-    let config = parse(&["--warmup", "0.5", "--cold-factor=10"]).unwrap();
-    assert_eq!((config.warmup, config.cold_factor), (ms(500), 10.0));
+    let all = [
+        "token",
+        "token-wait",
+        "leaky",
+        "shaper",
+        "funnel",
+        "bursty",
+        "warmup",
+    ];
+    assert_eq!(names(&config), all);
 
     let config = parse(&[
         "--rate",
-        "0.5",
+        " 0.5 ",
         "--capacity=7",
         "--interval",
         "12.5",
         "--count",
-        "3",
+        " 3 ",
         "--limiters",
         "funnel, token,funnel",
+        "--warmup",
+        "0.5",
+        "--cold-factor=10",
     ])
     .unwrap();
     assert_eq!(
         (config.rate, config.capacity, config.interval, config.count),
         (0.5, 7, Duration::from_micros(12_500), 3)
     );
-    let names: Vec<&str> = config.limiters.iter().map(|e| e.name).collect();
-    assert_eq!(names, ["funnel", "token"]);
+    assert_eq!((config.warmup, config.cold_factor), (ms(500), 10.0));
+    assert_eq!(names(&config), ["funnel", "token"]);
+    assert_eq!(names(&parse(&["--limiters", "shaper,all"]).unwrap()), {
+        let mut order = vec!["shaper"];
+        order.extend(all.iter().filter(|&&n| n != "shaper"));
+        order
+    });
+    // A repeated flag: the last one wins.
+    let config = parse(&["--capacity", "1", "--capacity", "3"]).unwrap();
+    assert_eq!(config.capacity, 3);
 
-    assert_eq!(parse(&["--rate", "3", "--help"]).unwrap_err(), "help");
-    assert_eq!(parse(&["-h"]).unwrap_err(), "help");
+    for help in [&["--rate", "3", "--help"][..], &["-h"]] {
+        assert_eq!(parse(help).unwrap_err().kind(), ErrorKind::DisplayHelp);
+    }
 }
 
 #[test]
-fn bad_flags_are_explained() {
-    let cases: &[(&[&str], &str)] = &[
-        (&["--nope"], "unknown flag '--nope'"),
-        (&["stray"], "unexpected argument 'stray'"),
-        (&["--rate"], "--rate needs a value"),
-        (&["--rate", "fast"], "--rate expects a number, got 'fast'"),
+fn bad_flags_are_refused_with_a_reason() {
+    let refused: &[(&[&str], ErrorKind, &str)] = &[
+        (&["--nope"], ErrorKind::UnknownArgument, "'--nope'"),
+        (&["stray"], ErrorKind::UnknownArgument, "'stray'"),
+        (&["--rate"], ErrorKind::InvalidValue, "'--rate <R>'"),
+        // A flag is not a value (a negative number is, and is refused below).
         (
-            &["--rate", "0"],
-            "--rate must be a positive number, got '0'",
-        ),
-        (
-            &["--rate", "-2"],
-            "--rate must be a positive number, got '-2'",
-        ),
-        (
-            &["--rate", "NaN"],
-            "--rate must be a positive number, got 'NaN'",
-        ),
-        (&["--capacity", "0"], "--capacity must be at least 1, got 0"),
-        (
-            &["--capacity", "2.5"],
-            "--capacity expects a whole number of at least 1, got '2.5'",
-        ),
-        (&["--count", "x"], "--count expects a whole number, got 'x'"),
-        (
-            &["--count", "100001"],
-            "--count must be at most 100000, got 100001",
-        ),
-        (
-            &["--interval", "-1"],
-            "--interval must be a positive number, got '-1'",
-        ),
-        (
-            &["--interval", "1e-9"],
-            "--interval must be at least 1 ns (0.000001 ms), got '1e-9'",
-        ),
-        (
-            &["--limiters", "token,bogus"],
-            "--limiters: unknown limiter 'bogus' (known: token, token-wait, leaky, shaper, funnel, \
-             bursty, warmup)",
-        ),
-        (
-            &["--limiters", "token,"],
-            "--limiters: empty limiter name in 'token,'",
-        ),
-        (
-            &["--cold-factor", "0.5"],
-            "--cold-factor must be at least 1, got '0.5'",
-        ),
-        (
-            &["--warmup", "0"],
-            "--warmup must be a positive number, got '0'",
+            &["--rate", "--count", "3"],
+            ErrorKind::InvalidValue,
+            "'--rate <R>'",
         ),
     ];
-    for (args, message) in cases {
-        assert_eq!(parse(args).unwrap_err(), *message, "{args:?}");
+    // The flag as clap names it, the value, and the reason after clap's
+    // "invalid value '…' for '…': ".
+    let invalid: &[(&str, &str, &str)] = &[
+        ("--rate <R>", "fast", "expects a number"),
+        ("--rate <R>", "-2", "must be a positive number"),
+        ("--rate <R>", "NaN", "must be a positive number"),
+        ("--capacity <N>", "0", "must be at least 1"),
+        (
+            "--capacity <N>",
+            "2.5",
+            "expects a whole number of at least 1",
+        ),
+        ("--capacity <N>", "4294967296", "must be at most 4294967295"),
+        ("--count <N>", "x", "expects a whole number"),
+        ("--count <N>", "100001", "must be at most 100000"),
+        ("--interval <MS>", "-1", "must be a positive number"),
+        (
+            "--interval <MS>",
+            "1e-9",
+            "must be at least 1 ns (0.000001 ms)",
+        ),
+        ("--interval <MS>", "1e30", "must be at most 365 days"),
+        (
+            "--limiters <LIST>",
+            "token,bogus",
+            "unknown limiter 'bogus' (known: token, token-wait, leaky, shaper, funnel, bursty, \
+             warmup)",
+        ),
+        ("--limiters <LIST>", "token,", "empty limiter name"),
+        ("--cold-factor <F>", "0.5", "must be at least 1"),
+        ("--warmup <SECS>", "0", "must be a positive number"),
+        ("--warmup <SECS>", "1e10", "must be at most 365 days"),
+    ];
+    let invalid = invalid.iter().map(|&(flag, value, reason)| {
+        let name = flag.split(' ').next().unwrap();
+        let message = format!("invalid value '{value}' for '{flag}': {reason}");
+        (vec![name, value], ErrorKind::ValueValidation, message)
+    });
+    let refused = refused
+        .iter()
+        .map(|&(args, kind, message)| (args.to_vec(), kind, message.to_owned()));
+    for (args, kind, message) in refused.chain(invalid) {
+        let error = parse(&args).unwrap_err();
+        assert_eq!(error.kind(), kind, "{args:?}: {error}");
+        let text = error.to_string();
+        assert!(text.contains(&message), "{args:?}: {text}");
+        assert!(text.contains("try '--help'"), "{args:?}: {text}");
+    }
+    // The largest values allowed.
+    let config = parse(&[
+        "--capacity",
+        "4294967295",
+        "--count",
+        "100000",
+        "--interval",
+        "1",
+    ]);
+    assert_eq!(
+        config.map(|c| (c.capacity, c.count)).unwrap(),
+        (u32::MAX, 100_000)
+    );
+}
+
+#[test]
+fn the_traffic_lasts_a_year_at_most() {
+    // Two requests a year apart: the longest traffic allowed.
+    let year = parse(&["--count", "2", "--interval", "31536000000"]).unwrap();
+    assert_eq!(year.interval, Duration::from_secs(365 * 24 * 3600));
+    // Each flag is fine alone; together the traffic lasts 1000 s × 99 999.
+    for args in [
+        ["--count", "3", "--interval", "31536000000"],
+        ["--count", "100000", "--interval", "1000000"],
+    ] {
+        let error = parse(&args).unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::ValueValidation);
+        let message = format!(
+            "{} {} × --interval lasts more than the playground's limit of 365 days",
+            args[0], args[1]
+        );
+        assert!(error.to_string().contains(&message), "{error}");
     }
 }
 
