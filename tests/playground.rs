@@ -6,7 +6,7 @@
 //! so these are plain `#[test]`s and the instants they assert are exact.
 
 #[path = "../examples/playground.rs"]
-#[allow(dead_code)] // `main` and the printing helpers are for the example only
+#[expect(dead_code, reason = "`main` and the printing helpers are for the example only")]
 mod playground;
 
 use std::time::Duration;
