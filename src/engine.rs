@@ -27,7 +27,7 @@ use tracing::Instrument;
 use crate::algorithm::{Params, Release};
 use crate::cell::{Cell, Reserve};
 use crate::queue::{Queue, State};
-use crate::reservation::{Held, Reservation};
+use crate::reservation::{Hold, Reservation};
 use crate::stats::{Counters, Stats};
 use crate::{AcquireError, ConfigError, Rate, TryAcquireError, clock};
 
@@ -286,10 +286,7 @@ impl Engine {
         };
         // Until the waiter hands it over, a drop cancels through it.
         self.wait(id, None, true).await?;
-        Ok(Reservation::new(Held::Bucket {
-            engine: Arc::clone(self),
-            id,
-        }))
+        Ok(Reservation::held(Arc::clone(self) as Arc<dyn Hold>, id))
     }
 
     async fn wait(
@@ -574,6 +571,16 @@ impl Drop for Engine {
     fn drop(&mut self) {
         // The actor holds only a `Weak`; this wakes it to find it gone.
         self.wake_actor();
+    }
+}
+
+impl Hold for Engine {
+    fn commit(&self, id: u64) {
+        Engine::commit(self, id);
+    }
+
+    fn cancel(&self, id: u64) {
+        Engine::cancel(self, id);
     }
 }
 

@@ -1,10 +1,20 @@
 //! `Reservation`: permits held by a caller, given back if not used.
+//!
+//! A reservation knows one thing: the limiter that holds its entry, behind
+//! the small [`Hold`] trait, and the entry's id there. So this module
+//! depends on no limiter (as tokio's `SemaphorePermit` knows only its
+//! semaphore).
 
 use std::fmt;
 use std::sync::Arc;
 
-use crate::engine::Engine;
-use crate::smooth::Withdrawal;
+/// A limiter that holds reserved entries for [`Reservation`]s.
+pub(crate) trait Hold: Send + Sync {
+    /// Entry `id` is spent: it leaves the limiter's books for good.
+    fn commit(&self, id: u64);
+    /// Entry `id` was dropped unspent: give back what it holds.
+    fn cancel(&self, id: u64);
+}
 
 /// Permits granted but not yet spent: [`commit`](Self::commit) spends them;
 /// dropping the reservation instead gives them back, as if the request had
@@ -44,50 +54,42 @@ use crate::smooth::Withdrawal;
 /// ```
 #[must_use = "a reservation is given back when dropped; call `commit` to spend it"]
 pub struct Reservation {
-    held: Held,
-}
-
-pub(crate) enum Held {
-    /// Nothing to give back (already spent, or `n = 0`).
-    Spent,
-    /// An entry held in a bucket's queue.
-    Bucket { engine: Arc<Engine>, id: u64 },
-    /// A smooth limiter's reservation.
-    Smooth(Withdrawal),
+    /// The limiter holding the entry and its id; `None` once spent (or for
+    /// `n = 0`).
+    held: Option<(Arc<dyn Hold>, u64)>,
 }
 
 impl Reservation {
-    pub(crate) fn new(held: Held) -> Reservation {
-        Reservation { held }
+    /// Entry `id`, held by `holder`.
+    pub(crate) fn held(holder: Arc<dyn Hold>, id: u64) -> Reservation {
+        Reservation {
+            held: Some((holder, id)),
+        }
     }
 
     /// A reservation that has nothing to give back.
     pub fn spent() -> Reservation {
-        Reservation::new(Held::Spent)
+        Reservation { held: None }
     }
 
     /// Spends the permits: from now on they are used, whatever happens to
     /// the caller.
     pub fn commit(mut self) {
-        match std::mem::replace(&mut self.held, Held::Spent) {
-            Held::Spent => {}
-            Held::Bucket { engine, id } => engine.commit(id),
-            Held::Smooth(withdrawal) => withdrawal.commit(),
+        if let Some((holder, id)) = self.held.take() {
+            holder.commit(id);
         }
     }
 
     /// Whether dropping this reservation would give something back.
     pub fn is_returnable(&self) -> bool {
-        !matches!(self.held, Held::Spent)
+        self.held.is_some()
     }
 }
 
 impl Drop for Reservation {
     fn drop(&mut self) {
-        match std::mem::replace(&mut self.held, Held::Spent) {
-            Held::Spent => {}
-            Held::Bucket { engine, id } => engine.cancel(id),
-            Held::Smooth(withdrawal) => drop(withdrawal), // gives back what it can
+        if let Some((holder, id)) = self.held.take() {
+            holder.cancel(id);
         }
     }
 }

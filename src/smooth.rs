@@ -63,7 +63,7 @@ use tokio::sync::futures::Notified;
 use crate::algorithm::{SmoothState, Span};
 use crate::cell::{CREDIT_GRACE, CREDIT_REACH};
 use crate::limiter::impl_limiter;
-use crate::reservation::{Held, Reservation};
+use crate::reservation::{Hold, Reservation};
 use crate::stats::{Counters, Stats};
 use crate::{AcquireError, ConfigError, TryAcquireError, clock};
 
@@ -769,11 +769,14 @@ impl Core {
     /// `Reservation` gives back the part of its cost not yet elapsed.
     async fn reserve(self: &Arc<Core>, n: u32) -> Result<Reservation, AcquireError> {
         Ok(match self.acquire_claim(n, None, true).await? {
-            Some(claim) => Reservation::new(Held::Smooth(Withdrawal {
-                core: Arc::clone(self),
-                n,
-                claim: Some(claim),
-            })),
+            Some(claim) => Reservation::held(
+                Arc::new(Withdrawal {
+                    core: Arc::clone(self),
+                    n,
+                    claim: Mutex::new(Some(claim)),
+                }),
+                0,
+            ),
             None => Reservation::spent(),
         })
     }
@@ -1159,25 +1162,35 @@ impl Drop for Withdraw<'_> {
 }
 
 /// A granted reservation held by a [`Reservation`]: given back when
-/// dropped uncommitted (see [`Core::withdraw`]).
-pub(crate) struct Withdrawal {
+/// dropped uncommitted (see [`Core::withdraw`]). Its claim is not an entry
+/// in a queue that an id could name, so each reservation is a holder of
+/// its own, and the id is unused.
+struct Withdrawal {
     core: Arc<Core>,
     n: u32,
-    claim: Option<Claim>,
+    /// Taken by the one `commit` or `cancel` a reservation makes.
+    claim: Mutex<Option<Claim>>,
 }
 
 impl Withdrawal {
-    pub(crate) fn commit(mut self) {
-        if let Some(claim) = self.claim.take() {
+    fn take(&self) -> Option<Claim> {
+        self.claim
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
+}
+
+impl Hold for Withdrawal {
+    fn commit(&self, _: u64) {
+        if let Some(claim) = self.take() {
             self.core.spend(&claim);
         }
         self.core.counters.granted(self.n);
     }
-}
 
-impl Drop for Withdrawal {
-    fn drop(&mut self) {
-        if let Some(claim) = self.claim.take() {
+    fn cancel(&self, _: u64) {
+        if let Some(claim) = self.take() {
             self.core.withdraw(claim);
         }
     }
