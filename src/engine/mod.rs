@@ -11,18 +11,22 @@
 //!
 //! Lock order: the queue lock, then the cell (which is lock-free). The
 //! uncontended fast paths never take the lock.
+//!
+//! Files: this one holds [`Engine`] (deciding, queueing, cancelling,
+//! closing); `actor.rs` the background actor and how it is started again
+//! when its runtime is gone; `waiter.rs` the future of a queued `acquire`.
+
+mod actor;
+mod waiter;
 
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
-use std::task::{Context, Poll, Waker};
+use std::sync::atomic::AtomicU8;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::Waker;
 use std::time::Duration;
 
 use tokio::sync::Notify;
-use tokio::time::{Instant, Sleep};
-use tracing::Instrument;
+use tokio::time::Instant;
 
 use crate::algorithm::{Params, Release};
 use crate::cell::{Cell, Reserve};
@@ -30,6 +34,8 @@ use crate::queue::{Queue, State};
 use crate::reservation::{Hold, Reservation};
 use crate::stats::{Counters, Stats};
 use crate::{AcquireError, ConfigError, Rate, TryAcquireError, clock};
+use actor::Actor;
+use waiter::Waiter;
 
 /// Which limiter an engine serves (for tracing and `Debug`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,72 +108,6 @@ impl Engine {
             engine.spawn_actor(actor, &runtime, setup.rate);
         }
         Ok(engine)
-    }
-
-    /// Spawns the actor's task on `runtime`; its state is already `RUNNING`.
-    fn spawn_actor(&self, actor: &Arc<Actor>, runtime: &tokio::runtime::Handle, rate: Rate) {
-        let span = tracing::debug_span!(
-            "actor",
-            limiter = self.kind.name(),
-            rate = %rate,
-            capacity = self.capacity(),
-        );
-        let link = ActorLink {
-            actor: Arc::clone(actor),
-            started: false,
-            stopped: false,
-        };
-        // A runtime that is shutting down drops the task at once: the link
-        // then sets the state back to `DEAD` (see `actor_serves`).
-        drop(runtime.spawn(run_actor(link).instrument(span)));
-    }
-
-    /// Whether the actor wakes this engine's waiters (`false`: each waiter
-    /// keeps its own timer). An actor whose runtime is gone is re-spawned
-    /// on the runtime of the caller, once (the state's compare-and-swap),
-    /// so the queue keeps a single timer; outside any runtime that cannot
-    /// be done, and the caller must fail rather than wait for nothing.
-    /// Never called under the queue lock: a failed spawn runs the link's
-    /// `Drop`, which takes it.
-    fn actor_serves(&self) -> Result<bool, AcquireError> {
-        let Some(actor) = &self.actor else {
-            return Ok(false);
-        };
-        match actor.state.load(Ordering::Acquire) {
-            Actor::RUNNING => return Ok(true),
-            Actor::FAILED => return Ok(false),
-            _ => {}
-        }
-        let runtime = tokio::runtime::Handle::try_current().map_err(|_| AcquireError::NoRuntime)?;
-        if actor
-            .state
-            .compare_exchange(
-                Actor::DEAD,
-                Actor::RUNNING,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            )
-            .is_ok()
-        {
-            tracing::debug!(
-                limiter = self.kind.name(),
-                "actor gone with its runtime: re-spawned"
-            );
-            self.spawn_actor(actor, &runtime, self.rate());
-        }
-        match actor.state.load(Ordering::Acquire) {
-            Actor::RUNNING => Ok(true),
-            Actor::FAILED => Ok(false),
-            _ => Err(AcquireError::NoRuntime),
-        }
-    }
-
-    /// Whether a running actor keeps the timer for the whole queue (else
-    /// waiters must be woken to re-arm their own, or to re-spawn it).
-    fn actor_running(&self) -> bool {
-        self.actor
-            .as_ref()
-            .is_some_and(|a| a.state.load(Ordering::Acquire) == Actor::RUNNING)
     }
 
     fn lock(&self) -> MutexGuard<'_, Queue> {
@@ -518,53 +458,6 @@ impl Engine {
         self.wake_actor();
         Ok(())
     }
-
-    fn wake_actor(&self) {
-        if let Some(actor) = &self.actor {
-            actor.notify.notify_one();
-        }
-    }
-
-    /// Wakes every pending waiter: the actor is gone, and they must take
-    /// over (re-spawn it, or arm their own timers).
-    fn wake_waiters(&self) {
-        let mut wakers = Vec::new();
-        self.lock().wake_pending(&mut wakers);
-        wake_all(wakers);
-    }
-
-    /// One round of the actor: grant what is due, and say when to look
-    /// again.
-    fn drive(&self) -> Drive {
-        let mut wakers = Vec::new();
-        let next = {
-            let mut queue = self.lock();
-            if queue.closed {
-                return Drive::Stop;
-            }
-            let s = self.cell.snapshot();
-            let now = s.params.scale_nanos(self.cell.now_nanos());
-            let granted = queue.grant_due(&s.params, self.release, now, &self.cell, &mut wakers);
-            if granted > 0 {
-                tracing::trace!(granted, "released waiters");
-            }
-            queue
-                .next_ready(&s.params, self.release)
-                .map(|ready| self.cell.instant_at(&s.params, ready))
-        };
-        wake_all(wakers);
-        next.map_or(Drive::Idle, Drive::Until)
-    }
-}
-
-/// What the actor does next.
-enum Drive {
-    /// Sleep until the first waiter's turn (or until woken).
-    Until(Instant),
-    /// Nobody waits: no timer, just wait to be woken.
-    Idle,
-    /// The limiter is closed or gone.
-    Stop,
 }
 
 impl Drop for Engine {
@@ -669,175 +562,6 @@ pub(crate) use bucket_handle;
 fn wake_all(wakers: Vec<Waker>) {
     for waker in wakers {
         waker.wake();
-    }
-}
-
-/// The background task of an actor-backed limiter: one timer for the whole
-/// queue, armed only while someone waits. It ends when the last handle is
-/// dropped (the engine is gone) or the limiter is closed.
-///
-/// Its timer is armed in two steps, a tick before the first waiter's turn
-/// and then at the turn ([`clock::TwoStep`]): each round releases every
-/// waiter due by the time it runs, which may include one due after the
-/// tick but before the round; armed only at the turns, the timer for the
-/// waiter after it would then skip a tick, and at 1 000/s releases came in
-/// pairs with an empty tick between them (p99 lateness ~1.8 ms instead of
-/// ~1.1).
-async fn run_actor(mut link: ActorLink) {
-    link.started = true;
-    tracing::debug!("started");
-    let actor = Arc::clone(&link.actor);
-    let (engine, notify) = (&actor.engine, &actor.notify);
-    let mut timer = clock::TwoStep::default();
-    loop {
-        let next = match engine.upgrade() {
-            Some(engine) => engine.drive(),
-            None => Drive::Stop,
-        };
-        match next {
-            Drive::Stop => break,
-            Drive::Idle => {
-                timer = clock::TwoStep::default();
-                notify.notified().await;
-            }
-            Drive::Until(turn) => {
-                let (deadline, early) = timer.deadline(turn);
-                let sleep = std::pin::pin!(clock::sleep_until(deadline));
-                let woken = std::pin::pin!(notify.notified());
-                match futures::future::select(sleep, woken).await {
-                    futures::future::Either::Left(_) => timer.fired(turn, early),
-                    futures::future::Either::Right(_) => timer = clock::TwoStep::default(),
-                }
-            }
-        }
-    }
-    link.stopped = true;
-    tracing::debug!("stopped");
-}
-
-/// An actor-backed engine's link to its background task, and whether that
-/// task is alive.
-struct Actor {
-    /// Wakes the actor.
-    notify: Notify,
-    /// `RUNNING`, `DEAD` or `FAILED`.
-    state: AtomicU8,
-    /// The engine it serves: a waiter (which borrows the engine) re-spawns
-    /// the actor with it.
-    engine: Weak<Engine>,
-}
-
-impl Actor {
-    /// A task is spawned (or being spawned) and will wake the waiters.
-    const RUNNING: u8 = 0;
-    /// The task's future was dropped before it ended: its runtime shut
-    /// down. The next waiter re-spawns it.
-    const DEAD: u8 = 1;
-    /// The task panicked: it is not re-spawned (it would panic again), and
-    /// waiters keep their own timers from then on.
-    const FAILED: u8 = 2;
-}
-
-/// Owned by the actor's future: its `Drop` tells a task that ended (the
-/// limiter closed or dropped) from one whose future was dropped (runtime
-/// shutdown, or a spawn onto a runtime already shut down) or that panicked.
-struct ActorLink {
-    actor: Arc<Actor>,
-    /// The task has been polled: if it dies now, waiters may be relying on
-    /// it. (A task dropped unpolled was spawned by a caller that checks the
-    /// state itself.)
-    started: bool,
-    /// The task ended normally.
-    stopped: bool,
-}
-
-impl Drop for ActorLink {
-    fn drop(&mut self) {
-        if self.stopped {
-            return;
-        }
-        let state = if std::thread::panicking() {
-            Actor::FAILED
-        } else {
-            Actor::DEAD
-        };
-        self.actor.state.store(state, Ordering::Release);
-        // Stored before the waiters' lock is taken: a waiter that registers
-        // its waker after this wake sees the new state when it checks.
-        if !self.started {
-            return;
-        }
-        if let Some(engine) = self.actor.engine.upgrade() {
-            engine.wake_waiters();
-        }
-    }
-}
-
-/// A queued `acquire`: resolves when its turn comes (or the limiter
-/// closes); gives its reservation back if dropped before.
-struct Waiter<'a> {
-    engine: &'a Engine,
-    id: u64,
-    /// Whether the permits stay held in the queue once granted.
-    hold: bool,
-    done: bool,
-    /// Waiters of a limiter without a (live) actor keep their own timer.
-    sleep: Option<Pin<Box<Sleep>>>,
-    /// How its own timer is armed (as the actor's, see [`run_actor`]).
-    timer: clock::TwoStep,
-}
-
-impl Future for Waiter<'_> {
-    type Output = Result<(), AcquireError>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = &mut *self;
-        // Three times at most: the early timer may have fired, and a timer
-        // armed for the turn that has fired means the turn has come.
-        for _ in 0..3 {
-            match this.engine.poll_waiter(this.id, this.hold, cx.waker()) {
-                Ok(result) => {
-                    this.done = true;
-                    return Poll::Ready(result);
-                }
-                Err(turn) => {
-                    match this.engine.actor_serves() {
-                        Ok(true) => return Poll::Pending,
-                        Ok(false) => {}
-                        Err(error) => {
-                            this.engine.cancel(this.id);
-                            this.done = true;
-                            return Poll::Ready(Err(error));
-                        }
-                    }
-                    let (deadline, early) = this.timer.deadline(turn);
-                    let sleep = this
-                        .sleep
-                        .get_or_insert_with(|| Box::pin(clock::sleep_until(deadline)));
-                    if sleep.deadline() != deadline {
-                        sleep.as_mut().reset(deadline);
-                    }
-                    if sleep.as_mut().poll(cx).is_pending() {
-                        return Poll::Pending;
-                    }
-                    this.timer.fired(turn, early);
-                }
-            }
-        }
-        // Timers that fired while the turn kept moving later (a rate change
-        // in between): look again rather than wait for a wake that may not
-        // come.
-        cx.waker().wake_by_ref();
-        Poll::Pending
-    }
-}
-
-impl Drop for Waiter<'_> {
-    fn drop(&mut self) {
-        // A held waiter that completed hands its entry to a `Reservation`.
-        if !self.done {
-            self.engine.cancel(self.id);
-        }
     }
 }
 
