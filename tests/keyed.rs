@@ -586,3 +586,21 @@ async fn without_the_background_sweeper_no_timer_is_armed() {
         "the bucket's actor only"
     );
 }
+
+/// A `KeyedFunnel::acquire` that waits its turn is one grant, not a
+/// refusal per try on the way; one that can never fit is one refusal.
+#[tokio::test(start_paused = true)]
+async fn keyed_funnel_acquire_counts_only_its_answer() {
+    let map = funnels(Rate::per_second(10), 1);
+    map.try_acquire("a").unwrap();
+    let start = Instant::now();
+    map.acquire("a").await.unwrap();
+    map.acquire("a").await.unwrap();
+    assert_eq!(start.elapsed(), ms(200));
+    assert_eq!(
+        map.acquire_many("a", 2).await,
+        Err(tokio_ratelimit::AcquireError::InsufficientCapacity)
+    );
+    let stats = map.stats();
+    assert_eq!((stats.granted, stats.limited), (3, 1));
+}

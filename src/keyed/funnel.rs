@@ -373,6 +373,27 @@ fn decide<W: Word>(
     }
 }
 
+/// What a pour into one key's funnel came to.
+enum Poured {
+    Granted,
+    /// Refused by the key's own limit (counted as limited).
+    Limited(TryAcquireError),
+    /// A new key refused because `max_keys` are all active (counted by the
+    /// map).
+    MapFull {
+        retry_after: Duration,
+    },
+}
+
+impl From<Result<(), TryAcquireError>> for Poured {
+    fn from(result: Result<(), TryAcquireError>) -> Poured {
+        match result {
+            Ok(()) => Poured::Granted,
+            Err(refusal) => Poured::Limited(refusal),
+        }
+    }
+}
+
 /// Whether a word stands for an empty funnel at `now` (scaled).
 fn is_drained<W: Word>(w: &W, epoch: u128, now: u128) -> bool {
     w.read(epoch).1 <= now
@@ -391,18 +412,40 @@ where
         self.params.scale_nanos(u128::from(nanos))
     }
 
+    /// Pours `n` units into `key`'s funnel if they fit now, and counts the
+    /// answer.
     fn try_acquire<Q>(&self, key: &Q, n: u32) -> Result<(), TryAcquireError>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned + ?Sized,
         Q::Owned: Into<K>,
     {
+        match self.pour_key(key, n) {
+            Poured::Granted => {
+                self.counters.granted(n);
+                Ok(())
+            }
+            Poured::Limited(refusal) => {
+                self.counters.refused();
+                Err(refusal)
+            }
+            Poured::MapFull { retry_after } => Err(TryAcquireError::Limited { retry_after }),
+        }
+    }
+
+    /// Pours `n` units into `key`'s funnel if they fit now, counting
+    /// nothing.
+    fn pour_key<Q>(&self, key: &Q, n: u32) -> Poured
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned + ?Sized,
+        Q::Owned: Into<K>,
+    {
         if n > self.params.capacity() {
-            self.counters.refused();
-            return Err(TryAcquireError::InsufficientCapacity);
+            return Poured::Limited(TryAcquireError::InsufficientCapacity);
         }
         if n == 0 {
-            return Ok(());
+            return Poured::Granted;
         }
         let now_nanos = self.now_nanos();
         let now = self.scaled(now_nanos);
@@ -417,11 +460,7 @@ where
             }),
         };
         if let Some(result) = known {
-            match result {
-                Ok(()) => self.counters.granted(n),
-                Err(_) => self.counters.refused(),
-            }
-            return result;
+            return Poured::from(result);
         }
         let outcome = match &self.words {
             Words::Narrow(map) => self.pour(map, key, now_nanos, n),
@@ -432,15 +471,11 @@ where
                 if first {
                     self.wake_sweeper();
                 }
-                match result {
-                    Ok(()) => self.counters.granted(n),
-                    Err(_) => self.counters.refused(),
-                }
-                result
+                Poured::from(result)
             }
             Err(Unavailable::Refused { retry_after }) => {
                 tracing::debug!(?retry_after, "keyed funnel full: new key refused");
-                Err(TryAcquireError::Limited { retry_after })
+                Poured::MapFull { retry_after }
             }
             Err(Unavailable::Failed) => unreachable!("a word can always be made"),
         }
@@ -615,16 +650,20 @@ where
         Q: Hash + Eq + ToOwned + Sync + ?Sized,
         Q::Owned: Into<K>,
     {
+        // The tries on the way are not refusals: only the answer is counted.
         loop {
-            match self.inner.try_acquire(key, n) {
-                Ok(()) => return Ok(()),
-                Err(TryAcquireError::Limited { retry_after }) => {
-                    clock::sleep(retry_after).await;
+            match self.inner.pour_key(key, n) {
+                Poured::Granted => {
+                    self.inner.counters.granted(n);
+                    return Ok(());
                 }
-                Err(TryAcquireError::InsufficientCapacity) => {
+                Poured::Limited(TryAcquireError::Limited { retry_after })
+                | Poured::MapFull { retry_after } => clock::sleep(retry_after).await,
+                Poured::Limited(TryAcquireError::InsufficientCapacity) => {
+                    self.inner.counters.refused();
                     return Err(AcquireError::InsufficientCapacity);
                 }
-                Err(_) => return Err(AcquireError::Closed),
+                Poured::Limited(_) => return Err(AcquireError::Closed),
             }
         }
     }
