@@ -1,12 +1,16 @@
-//! The decision script's I/O: its text, the single call and the batch's
-//! pipeline, and the parsing of its reply.
+//! The decision script's I/O: its text, the arguments of one call, the
+//! single call and the batch's pipeline, and the parsing of its reply.
+//!
+//! A call is `EVALSHA <sha> 1 <prefix + key> unit cost_us cost_rem tau_us
+//! tau_rem` (the order `gcra.lua` reads `ARGV` in); [`RedisFunnel::invocation`]
+//! is the one place that builds it.
 
 use std::future::poll_fn;
 use std::pin::pin;
 use std::sync::atomic::Ordering;
 use std::task::Poll;
 
-use ::redis::{ErrorKind, RedisError, RedisResult, ServerErrorKind};
+use ::redis::{ErrorKind, RedisError, RedisResult, ScriptInvocation, ServerErrorKind};
 
 use super::repr::Split;
 use super::{RedisFunnel, RedisLimitError};
@@ -54,8 +58,7 @@ impl RedisFunnel {
     pub(super) async fn eval(&self, key: &str, n: u32) -> Result<Answer, RedisLimitError> {
         let attempt = || {
             let mut conn = self.inner.conn.clone();
-            let mut call = self.inner.script.prepare_invoke();
-            self.script_args(&mut call, key, n);
+            let call = self.invocation(key, n);
             // `invoke_async` sends EVALSHA, and on NOSCRIPT loads the
             // script and sends it again.
             async move { call.invoke_async::<Reply>(&mut conn).await }
@@ -112,15 +115,21 @@ impl RedisFunnel {
         }
     }
 
-    fn script_args(&self, call: &mut ::redis::ScriptInvocation<'_>, key: &str, n: u32) {
+    /// The script call that pours `n` units into `key`'s funnel: its key
+    /// and arguments, in the order `gcra.lua` reads them. The single call
+    /// ([`eval`](Self::eval)) and the batch ([`pipeline`](Self::pipeline))
+    /// both send what this builds, so they cannot disagree.
+    fn invocation(&self, key: &str, n: u32) -> ScriptInvocation<'_> {
         let e = &self.inner.encoding;
         let (cost, tau) = (e.cost(n), e.tau());
+        let mut call = self.inner.script.prepare_invoke();
         call.key(self.redis_key(key))
             .arg(e.unit())
             .arg(cost.us)
             .arg(cost.rem)
             .arg(tau.us)
             .arg(tau.rem);
+        call
     }
 
     /// Script calls for many keys in one pipeline; the ones that find the
@@ -149,22 +158,15 @@ impl RedisFunnel {
         Ok(replies)
     }
 
+    /// One `EVALSHA` per request, each [`invocation`](Self::invocation)'s,
+    /// with each reply kept apart (one key's error does not fail the
+    /// others). Unlike the single call, a pipeline does not reload the
+    /// script itself: [`eval_many`](Self::eval_many) does.
     fn pipeline(&self, asked: &[(&str, u32)]) -> ::redis::Pipeline {
-        let e = &self.inner.encoding;
-        let tau = e.tau();
         let mut pipe = ::redis::Pipeline::with_capacity(asked.len());
         pipe.ignore_errors();
         for &(key, n) in asked {
-            let cost = e.cost(n);
-            pipe.cmd("EVALSHA")
-                .arg(self.inner.script.get_hash())
-                .arg(1)
-                .arg(self.redis_key(key))
-                .arg(e.unit())
-                .arg(cost.us)
-                .arg(cost.rem)
-                .arg(tau.us)
-                .arg(tau.rem);
+            pipe.invoke_script(&self.invocation(key, n));
         }
         pipe
     }
