@@ -199,3 +199,24 @@ impl Builder {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::super::{FailurePolicy, RedisFunnel};
+
+    /// The defaults the setters' docs promise (no Redis needed: opening a
+    /// client from a URL does not connect).
+    #[test]
+    fn defaults_are_the_documented_ones() {
+        let b = RedisFunnel::builder("redis://127.0.0.1:6379/");
+        assert!(b.client.is_ok());
+        assert!(b.rate.is_none());
+        assert!(b.capacity.is_none());
+        assert_eq!(b.prefix, "rl:");
+        assert_eq!(b.policy, FailurePolicy::Open);
+        assert_eq!(b.timeout, Duration::from_millis(200));
+        assert_eq!(b.connect_timeout, Duration::from_secs(1));
+    }
+}
