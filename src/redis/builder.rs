@@ -1,0 +1,222 @@
+//! [`Builder`]: a [`RedisFunnel`]'s configuration, checked, connected and
+//! its script loaded by [`Builder::build`]; and [`IntoClient`], what the
+//! builder connects to.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use ::redis::{Client, RedisResult, Script};
+
+use super::limiter::Inner;
+use super::repr::Encoding;
+use super::script::SCRIPT;
+use super::stats::Counters;
+use super::{FailurePolicy, RedisBuildError, RedisFunnel};
+use crate::algorithm::Params;
+use crate::{ConfigError, Rate, clock};
+
+/// Where a [`RedisFunnel`] connects: a [`redis::Client`],
+/// or anything the `redis` crate opens one from (a URL as `&str` or
+/// `String`, a [`ConnectionInfo`](::redis::ConnectionInfo)).
+pub trait IntoClient {
+    /// Opens (or passes on) the client. An invalid URL is reported by
+    /// [`Builder::build`].
+    ///
+    /// # Errors
+    ///
+    /// The `redis` crate's error for an invalid URL or connection info.
+    fn into_client(self) -> RedisResult<Client>;
+}
+
+impl IntoClient for Client {
+    fn into_client(self) -> RedisResult<Client> {
+        Ok(self)
+    }
+}
+
+impl IntoClient for &str {
+    fn into_client(self) -> RedisResult<Client> {
+        Client::open(self)
+    }
+}
+
+impl IntoClient for String {
+    fn into_client(self) -> RedisResult<Client> {
+        Client::open(self)
+    }
+}
+
+impl IntoClient for &String {
+    fn into_client(self) -> RedisResult<Client> {
+        Client::open(self.as_str())
+    }
+}
+
+impl IntoClient for ::redis::ConnectionInfo {
+    fn into_client(self) -> RedisResult<Client> {
+        Client::open(self)
+    }
+}
+
+/// Configures a [`RedisFunnel`]; made by [`RedisFunnel::builder`].
+#[derive(Debug, Clone)]
+pub struct Builder {
+    client: RedisResult<Client>,
+    rate: Option<Rate>,
+    capacity: Option<u32>,
+    prefix: String,
+    policy: FailurePolicy,
+    timeout: Duration,
+    connect_timeout: Duration,
+}
+
+impl Builder {
+    /// The defaults, connecting to `client`.
+    pub(super) fn new(client: RedisResult<Client>) -> Builder {
+        Builder {
+            client,
+            rate: None,
+            capacity: None,
+            prefix: "rl:".to_owned(),
+            policy: FailurePolicy::default(),
+            timeout: Duration::from_millis(200),
+            connect_timeout: Duration::from_secs(1),
+        }
+    }
+
+    /// The leak rate of every key's funnel (required).
+    pub fn rate(&mut self, rate: Rate) -> &mut Self {
+        self.rate = Some(rate);
+        self
+    }
+
+    /// How many units each key's funnel holds (its burst). Defaults to the
+    /// rate's permits per period.
+    pub fn capacity(&mut self, capacity: u32) -> &mut Self {
+        self.capacity = Some(capacity);
+        self
+    }
+
+    /// Prepended to every key to make its Redis key (default `"rl:"`).
+    /// Limiters that share a prefix share their keys' budgets: give each
+    /// limit its own prefix.
+    pub fn prefix(&mut self, prefix: impl Into<String>) -> &mut Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// What to do when Redis cannot decide (default
+    /// [`FailurePolicy::Open`]).
+    pub fn failure_policy(&mut self, policy: FailurePolicy) -> &mut Self {
+        self.policy = policy;
+        self
+    }
+
+    /// The deadline of each decision, connection and script reload
+    /// included (default 200 ms). Past it the failure policy decides.
+    pub fn timeout(&mut self, timeout: Duration) -> &mut Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// How long `build()` waits for Redis to load the script, and each
+    /// connection attempt may take (default 1 s).
+    pub fn connect_timeout(&mut self, timeout: Duration) -> &mut Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Connects, loads the script (`SCRIPT LOAD`), and returns the limiter.
+    ///
+    /// # Errors
+    ///
+    /// [`RedisBuildError::Config`]: [`ConfigError::MissingRate`],
+    /// [`ConfigError::InvalidRate`], [`ConfigError::ZeroCapacity`],
+    /// [`ConfigError::InvalidParameter`] for a zero timeout or a bucket
+    /// deeper than 2⁵⁰ µs (`capacity × interval`). [`RedisBuildError::Redis`]
+    /// for an invalid URL or a Redis that refuses the connection or the
+    /// script; [`RedisBuildError::Timeout`] when it does not answer within
+    /// the connect timeout.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future leaves nothing behind but the loaded script.
+    pub async fn build(&self) -> Result<RedisFunnel, RedisBuildError> {
+        let rate = self.rate.ok_or(ConfigError::MissingRate)?;
+        let params = Params::new(rate, self.capacity.unwrap_or(rate.permits()))?;
+        let encoding = Encoding::new(params)?;
+        for (name, t) in [
+            ("timeout", self.timeout),
+            ("connect_timeout", self.connect_timeout),
+        ] {
+            if t.is_zero() {
+                return Err(ConfigError::InvalidParameter {
+                    name,
+                    reason: "must be positive",
+                }
+                .into());
+            }
+        }
+        let client = self.client.clone().map_err(RedisBuildError::Redis)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            // Our own deadline (per decision) fires first; this one only
+            // clears requests a stalled server never answers.
+            .set_response_timeout(Some(self.timeout.saturating_mul(2)))
+            // One connection attempt per reconnection, no backoff: while
+            // Redis refuses connections a decision fails at once instead of
+            // waiting out its deadline behind a backoff sleep, and the
+            // first decision after Redis is back reconnects.
+            .set_number_of_retries(0);
+        let mut conn = ConnectionManager::new_lazy_with_config(client, config)
+            .map_err(RedisBuildError::Redis)?;
+        let script = Script::new(SCRIPT);
+        match clock::timeout(self.connect_timeout, script.load_async(&mut conn)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) if !e.is_timeout() => return Err(RedisBuildError::Redis(e)),
+            // The connection attempt has the same timeout as ours, and
+            // either may fire first: both are this one failure.
+            Err(_) | Ok(Err(_)) => {
+                return Err(RedisBuildError::Timeout {
+                    timeout: self.connect_timeout,
+                });
+            }
+        }
+        Ok(RedisFunnel {
+            inner: Arc::new(Inner {
+                conn,
+                script,
+                encoding,
+                rate,
+                prefix: self.prefix.clone(),
+                policy: self.policy,
+                timeout: self.timeout,
+                counters: Counters::default(),
+                healthy: AtomicBool::new(true),
+            }),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::super::{FailurePolicy, RedisFunnel};
+
+    /// The defaults the setters' docs promise (no Redis needed: opening a
+    /// client from a URL does not connect).
+    #[test]
+    fn defaults_are_the_documented_ones() {
+        let b = RedisFunnel::builder("redis://127.0.0.1:6379/");
+        assert!(b.client.is_ok());
+        assert!(b.rate.is_none());
+        assert!(b.capacity.is_none());
+        assert_eq!(b.prefix, "rl:");
+        assert_eq!(b.policy, FailurePolicy::Open);
+        assert_eq!(b.timeout, Duration::from_millis(200));
+        assert_eq!(b.connect_timeout, Duration::from_secs(1));
+    }
+}

@@ -1,0 +1,188 @@
+//! The decision script's I/O: its text, the arguments of one call, the
+//! single call and the batch's pipeline, and the parsing of its reply.
+//!
+//! A call is `EVALSHA <sha> 1 <prefix + key> unit cost_us cost_rem tau_us
+//! tau_rem` (the order `gcra.lua` reads `ARGV` in); [`RedisFunnel::invocation`]
+//! is the one place that builds it.
+
+use std::future::poll_fn;
+use std::pin::pin;
+use std::sync::atomic::Ordering;
+use std::task::Poll;
+
+use ::redis::{ErrorKind, RedisError, RedisResult, ScriptInvocation, ServerErrorKind};
+
+use super::repr::Split;
+use super::{RedisFunnel, RedisLimitError};
+use crate::clock;
+
+/// The decision script (see `gcra.lua` beside this file).
+pub(super) const SCRIPT: &str = include_str!("gcra.lua");
+
+/// What the script answered.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Answer {
+    pub(super) granted: bool,
+    pub(super) now_us: u64,
+    pub(super) wait: Split,
+}
+
+impl Answer {
+    pub(super) fn parse(reply: (i64, i64, i64, i64)) -> RedisResult<Answer> {
+        let (granted, now, wait_us, wait_rem) = reply;
+        match (
+            granted,
+            u64::try_from(now),
+            u64::try_from(wait_us),
+            u64::try_from(wait_rem),
+        ) {
+            (0 | 1, Ok(now_us), Ok(us), Ok(rem)) => Ok(Answer {
+                granted: granted == 1,
+                now_us,
+                wait: Split { us, rem },
+            }),
+            _ => Err(RedisError::from((
+                ErrorKind::UnexpectedReturnType,
+                "unexpected reply from the rate limiter script",
+            ))),
+        }
+    }
+}
+
+/// The script's reply, as the `redis` crate parses it.
+pub(super) type Reply = (i64, i64, i64, i64);
+
+impl RedisFunnel {
+    /// One script call, within the deadline (a second attempt included,
+    /// see [`resend_if_unsent`](Self::resend_if_unsent)).
+    pub(super) async fn eval(&self, key: &str, n: u32) -> Result<Answer, RedisLimitError> {
+        let attempt = || {
+            let mut conn = self.inner.conn.clone();
+            let call = self.invocation(key, n);
+            // `invoke_async` sends EVALSHA, and on NOSCRIPT loads the
+            // script and sends it again.
+            async move { call.invoke_async::<Reply>(&mut conn).await }
+        };
+        match clock::timeout(self.inner.timeout, self.resend_if_unsent(attempt)).await {
+            Err(_) => Err(self.timed_out()),
+            Ok(Err(e)) => Err(self.backend(e)),
+            Ok(Ok(reply)) => Answer::parse(reply).map_err(RedisLimitError::Backend),
+        }
+    }
+
+    /// Runs `attempt`, and runs it once more if it failed before its
+    /// request could leave this process; the caller's deadline covers
+    /// both.
+    ///
+    /// The script pours, so a request Redis may have run must not be sent
+    /// again. The `redis` crate reports a connection closed before the send
+    /// and one closed after it with the same error (`BrokenPipe`, from its
+    /// connection task having ended), so the error alone proves nothing.
+    /// What proves it is *when* it came: the connection manager hands a
+    /// request to its connection task through a channel, and only that
+    /// task writes to the socket. An attempt that fails on its first poll
+    /// with a dropped connection failed in that hand-over — the task had
+    /// already ended (the server closed the idle connection: `CLIENT KILL`,
+    /// its idle `timeout`, a restart) or the reconnection had already
+    /// failed — so nothing was written, and the manager is now
+    /// reconnecting. (On a multi-thread runtime that task runs alongside;
+    /// for a request it wrote to fail within our one poll, Redis would have
+    /// to receive and run it and the close come back between two steps of
+    /// that poll, well under one loopback round trip.) Any later failure
+    /// may follow a write, and stands. The
+    /// first poll runs unconstrained so that a caller's spent cooperative
+    /// budget cannot turn that hand-over into `Pending` (tokio 1.54 reports
+    /// a closed channel before it checks the budget, but does not promise
+    /// to).
+    pub(super) async fn resend_if_unsent<T, F, Fut>(&self, mut attempt: F) -> RedisResult<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
+        let mut first = pin!(tokio::task::unconstrained(attempt()));
+        match poll_fn(|cx| Poll::Ready(first.as_mut().poll(cx))).await {
+            Poll::Ready(Err(e)) if e.is_connection_dropped() => {
+                self.inner.counters.retries.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(
+                    prefix = %self.inner.prefix,
+                    error = %e,
+                    "redis rate limiter: connection closed before the request was sent, sending again",
+                );
+                attempt().await
+            }
+            Poll::Ready(result) => result,
+            Poll::Pending => first.await,
+        }
+    }
+
+    /// The script call that pours `n` units into `key`'s funnel: its key
+    /// and arguments, in the order `gcra.lua` reads them. The single call
+    /// ([`eval`](Self::eval)) and the batch ([`pipeline`](Self::pipeline))
+    /// both send what this builds, so they cannot disagree.
+    fn invocation(&self, key: &str, n: u32) -> ScriptInvocation<'_> {
+        let e = &self.inner.encoding;
+        let (cost, tau) = (e.cost(n), e.tau());
+        let mut call = self.inner.script.prepare_invoke();
+        call.key(self.redis_key(key))
+            .arg(e.unit())
+            .arg(cost.us)
+            .arg(cost.rem)
+            .arg(tau.us)
+            .arg(tau.rem);
+        call
+    }
+
+    /// Script calls for many keys in one pipeline; the ones that find the
+    /// script flushed go again after a `SCRIPT LOAD`.
+    pub(super) async fn eval_many(
+        &self,
+        asked: &[(&str, u32)],
+    ) -> RedisResult<Vec<RedisResult<Reply>>> {
+        let mut conn = self.inner.conn.clone();
+        let mut replies: Vec<RedisResult<Reply>> =
+            self.pipeline(asked).query_async(&mut conn).await?;
+        let missing: Vec<usize> = (0..replies.len())
+            .filter(|&i| {
+                matches!(&replies[i], Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript))
+            })
+            .collect();
+        if !missing.is_empty() {
+            self.inner.script.load_async(&mut conn).await?;
+            let again: Vec<(&str, u32)> = missing.iter().map(|&i| asked[i]).collect();
+            let retried: Vec<RedisResult<Reply>> =
+                self.pipeline(&again).query_async(&mut conn).await?;
+            for (i, r) in missing.into_iter().zip(retried) {
+                replies[i] = r;
+            }
+        }
+        Ok(replies)
+    }
+
+    /// One `EVALSHA` per request, each [`invocation`](Self::invocation)'s,
+    /// with each reply kept apart (one key's error does not fail the
+    /// others). Unlike the single call, a pipeline does not reload the
+    /// script itself: [`eval_many`](Self::eval_many) does.
+    fn pipeline(&self, asked: &[(&str, u32)]) -> ::redis::Pipeline {
+        let mut pipe = ::redis::Pipeline::with_capacity(asked.len());
+        pipe.ignore_errors();
+        for &(key, n) in asked {
+            pipe.invoke_script(&self.invocation(key, n));
+        }
+        pipe
+    }
+
+    /// A Redis error; its own timeouts count as ours.
+    pub(super) fn backend(&self, e: RedisError) -> RedisLimitError {
+        if e.is_timeout() {
+            self.timed_out()
+        } else {
+            RedisLimitError::Backend(e)
+        }
+    }
+
+    pub(super) fn timed_out(&self) -> RedisLimitError {
+        RedisLimitError::Timeout {
+            timeout: self.inner.timeout,
+        }
+    }
+}
