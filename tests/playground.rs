@@ -6,7 +6,10 @@
 //! so these are plain `#[test]`s and the instants they assert are exact.
 
 #[path = "../examples/playground.rs"]
-#[expect(dead_code, reason = "`main` and the printing helpers are for the example only")]
+#[expect(
+    dead_code,
+    reason = "`main` and the printing helpers are for the example only"
+)]
 mod playground;
 
 use std::time::Duration;
