@@ -186,9 +186,9 @@ mod cell;
 mod clock;
 mod engine;
 mod error;
-pub mod funnel;
+mod funnel;
 pub mod keyed;
-pub mod leaky;
+mod leaky;
 mod limiter;
 mod queue;
 mod rate;
@@ -196,24 +196,24 @@ mod rate;
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
 mod reservation;
-pub mod smooth;
+mod smooth;
 mod stats;
 pub mod stream;
 mod sync;
 #[cfg(feature = "test-util")]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod test_util;
-pub mod token;
+mod token;
 #[cfg(feature = "tower")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 pub mod tower;
 
 pub use error::{AcquireError, ConfigError, Refused, TryAcquireError};
-pub use funnel::Funnel;
-pub use leaky::LeakyBucket;
+pub use funnel::{Funnel, FunnelBuilder};
+pub use leaky::{LeakyBucket, LeakyBucketBuilder};
 pub use limiter::Limiter;
 pub use rate::Rate;
 pub use reservation::Reservation;
-pub use smooth::{SmoothBursty, SmoothWarmingUp};
+pub use smooth::{SmoothBursty, SmoothBurstyBuilder, SmoothWarmingUp, SmoothWarmingUpBuilder};
 pub use stats::Stats;
-pub use token::TokenBucket;
+pub use token::{TokenBucket, TokenBucketBuilder};

@@ -43,6 +43,7 @@ use crate::smooth::Withdrawal;
 /// # }
 /// ```
 #[must_use = "a reservation is given back when dropped; call `commit` to spend it"]
+#[clippy::has_significant_drop]
 pub struct Reservation {
     held: Held,
 }

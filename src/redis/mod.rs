@@ -131,6 +131,9 @@ use self::repr::{Encoding, Split};
 use crate::algorithm::Params;
 use crate::{ConfigError, Rate, clock};
 
+/// The builder's name beside the other limiters' (`TokenBucketBuilder`, …).
+pub use self::Builder as RedisFunnelBuilder;
+
 /// The funnel per key, its state in Redis: one limit shared by every
 /// process that uses the same server and prefix.
 ///
@@ -158,6 +161,7 @@ struct Inner {
 /// What a [`RedisFunnel`] does with a decision Redis could not make (an
 /// error, a lost connection, or no answer within the timeout).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum FailurePolicy {
     /// Grant the request (and count it in
     /// [`RedisStats::fail_open_grants`]): an outage of the limiter's store
