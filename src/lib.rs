@@ -44,6 +44,19 @@
 //! Every limiter implements [`Limiter`], so a service can choose one from
 //! configuration and hold an `Arc<dyn Limiter>`.
 //!
+//! # Names
+//!
+//! Every public type has one path. The limiters of one resource, their
+//! builders, the errors and [`Limiter`] are at the crate root; [`keyed`],
+//! [`stream`], `tower`, `redis` and `test_util` are namespaces for the rest.
+//! A limiter `X` is configured by an `XBuilder` made by `X::builder()`
+//! ([`TokenBucketBuilder`], [`SmoothBurstyBuilder`],
+//! [`keyed::KeyedFunnelBuilder`], …), whose setters take `&mut self` and
+//! whose `build(&self)` returns a `Result`. Public enums are
+//! `#[non_exhaustive]`. Which types are `Send`, `Sync`, `Unpin`, `Clone` and
+//! `Debug`, and which futures are `Send`, is checked at compile time by
+//! `tests/auto_traits.rs`.
+//!
 //! # Guarantees
 //!
 //! * **Never over-admits.** Through `try_acquire`, in any window of length
