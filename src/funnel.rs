@@ -40,12 +40,12 @@ pub struct Funnel {
 
 /// Configures a [`Funnel`]; made by [`Funnel::builder`].
 #[derive(Debug, Clone, Default)]
-pub struct Builder {
+pub struct FunnelBuilder {
     rate: Option<Rate>,
     capacity: Option<u32>,
 }
 
-impl Builder {
+impl FunnelBuilder {
     /// The leak rate (required).
     pub fn rate(&mut self, rate: Rate) -> &mut Self {
         self.rate = Some(rate);
@@ -81,9 +81,9 @@ impl Builder {
 }
 
 impl Funnel {
-    /// A builder; [`rate`](Builder::rate) is required.
-    pub fn builder() -> Builder {
-        Builder::default()
+    /// A builder; [`rate`](FunnelBuilder::rate) is required.
+    pub fn builder() -> FunnelBuilder {
+        FunnelBuilder::default()
     }
 
     /// Waits until one unit fits. See [`acquire_many`](Self::acquire_many).

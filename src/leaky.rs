@@ -64,12 +64,12 @@ pub struct LeakyBucket {
 
 /// Configures a [`LeakyBucket`]; made by [`LeakyBucket::builder`].
 #[derive(Debug, Clone, Default)]
-pub struct Builder {
+pub struct LeakyBucketBuilder {
     rate: Option<Rate>,
     capacity: Option<u32>,
 }
 
-impl Builder {
+impl LeakyBucketBuilder {
     /// The leak rate (required).
     pub fn rate(&mut self, rate: Rate) -> &mut Self {
         self.rate = Some(rate);
@@ -107,9 +107,9 @@ impl Builder {
 }
 
 impl LeakyBucket {
-    /// A builder; [`rate`](Builder::rate) is required.
-    pub fn builder() -> Builder {
-        Builder::default()
+    /// A builder; [`rate`](LeakyBucketBuilder::rate) is required.
+    pub fn builder() -> LeakyBucketBuilder {
+        LeakyBucketBuilder::default()
     }
 
     /// Pours one unit and waits for it to come out. See

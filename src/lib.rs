@@ -44,6 +44,19 @@
 //! Every limiter implements [`Limiter`], so a service can choose one from
 //! configuration and hold an `Arc<dyn Limiter>`.
 //!
+//! # Names
+//!
+//! Every public type has one path. The limiters of one resource, their
+//! builders, the errors and [`Limiter`] are at the crate root; [`keyed`],
+//! [`stream`], `tower`, `redis` and `test_util` are namespaces for the rest.
+//! A limiter `X` is configured by an `XBuilder` made by `X::builder()`
+//! ([`TokenBucketBuilder`], [`SmoothBurstyBuilder`],
+//! [`keyed::KeyedFunnelBuilder`], …), whose setters take `&mut self` and
+//! whose `build(&self)` returns a `Result`. Public enums are
+//! `#[non_exhaustive]`. Which types are `Send`, `Sync`, `Unpin`, `Clone` and
+//! `Debug`, and which futures are `Send`, is checked at compile time by
+//! `tests/auto_traits.rs`.
+//!
 //! # Guarantees
 //!
 //! * **Never over-admits.** Through `try_acquire`, in any window of length
@@ -186,9 +199,9 @@ mod cell;
 mod clock;
 mod engine;
 mod error;
-pub mod funnel;
+mod funnel;
 pub mod keyed;
-pub mod leaky;
+mod leaky;
 mod limiter;
 mod queue;
 mod rate;
@@ -196,24 +209,24 @@ mod rate;
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
 mod reservation;
-pub mod smooth;
+mod smooth;
 mod stats;
 pub mod stream;
 mod sync;
 #[cfg(feature = "test-util")]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod test_util;
-pub mod token;
+mod token;
 #[cfg(feature = "tower")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 pub mod tower;
 
 pub use error::{AcquireError, ConfigError, Refused, TryAcquireError};
-pub use funnel::Funnel;
-pub use leaky::LeakyBucket;
+pub use funnel::{Funnel, FunnelBuilder};
+pub use leaky::{LeakyBucket, LeakyBucketBuilder};
 pub use limiter::Limiter;
 pub use rate::Rate;
 pub use reservation::Reservation;
-pub use smooth::{SmoothBursty, SmoothWarmingUp};
+pub use smooth::{SmoothBursty, SmoothBurstyBuilder, SmoothWarmingUp, SmoothWarmingUpBuilder};
 pub use stats::Stats;
-pub use token::TokenBucket;
+pub use token::{TokenBucket, TokenBucketBuilder};

@@ -53,6 +53,7 @@ pub(crate) trait Hold: Send + Sync {
 /// # }
 /// ```
 #[must_use = "a reservation is given back when dropped; call `commit` to spend it"]
+#[clippy::has_significant_drop]
 pub struct Reservation {
     /// The limiter holding the entry and its id; `None` once spent (or for
     /// `n = 0`).

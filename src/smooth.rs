@@ -203,21 +203,21 @@ pub struct SmoothWarmingUp {
 
 /// Configures a [`SmoothBursty`]; made by [`SmoothBursty::builder`].
 #[derive(Debug, Clone)]
-pub struct BurstyBuilder {
+pub struct SmoothBurstyBuilder {
     permits_per_second: Option<f64>,
     max_burst: Duration,
 }
 
-impl Default for BurstyBuilder {
-    fn default() -> BurstyBuilder {
-        BurstyBuilder {
+impl Default for SmoothBurstyBuilder {
+    fn default() -> SmoothBurstyBuilder {
+        SmoothBurstyBuilder {
             permits_per_second: None,
             max_burst: Duration::from_secs(1),
         }
     }
 }
 
-impl BurstyBuilder {
+impl SmoothBurstyBuilder {
     /// The stable rate, in permits per second (required).
     pub fn permits_per_second(&mut self, permits_per_second: f64) -> &mut Self {
         self.permits_per_second = Some(permits_per_second);
@@ -266,15 +266,15 @@ impl BurstyBuilder {
 
 /// Configures a [`SmoothWarmingUp`]; made by [`SmoothWarmingUp::builder`].
 #[derive(Debug, Clone)]
-pub struct WarmingUpBuilder {
+pub struct SmoothWarmingUpBuilder {
     permits_per_second: Option<f64>,
     warmup: Option<Duration>,
     cold_factor: f64,
 }
 
-impl Default for WarmingUpBuilder {
-    fn default() -> WarmingUpBuilder {
-        WarmingUpBuilder {
+impl Default for SmoothWarmingUpBuilder {
+    fn default() -> SmoothWarmingUpBuilder {
+        SmoothWarmingUpBuilder {
             permits_per_second: None,
             warmup: None,
             cold_factor: 3.0,
@@ -282,7 +282,7 @@ impl Default for WarmingUpBuilder {
     }
 }
 
-impl WarmingUpBuilder {
+impl SmoothWarmingUpBuilder {
     /// The stable rate, once warm, in permits per second (required).
     pub fn permits_per_second(&mut self, permits_per_second: f64) -> &mut Self {
         self.permits_per_second = Some(permits_per_second);
@@ -345,18 +345,18 @@ impl WarmingUpBuilder {
 }
 
 impl SmoothBursty {
-    /// A builder; [`permits_per_second`](BurstyBuilder::permits_per_second)
+    /// A builder; [`permits_per_second`](SmoothBurstyBuilder::permits_per_second)
     /// is required.
-    pub fn builder() -> BurstyBuilder {
-        BurstyBuilder::default()
+    pub fn builder() -> SmoothBurstyBuilder {
+        SmoothBurstyBuilder::default()
     }
 }
 
 impl SmoothWarmingUp {
-    /// A builder; [`permits_per_second`](WarmingUpBuilder::permits_per_second)
-    /// and [`warmup`](WarmingUpBuilder::warmup) are required.
-    pub fn builder() -> WarmingUpBuilder {
-        WarmingUpBuilder::default()
+    /// A builder; [`permits_per_second`](SmoothWarmingUpBuilder::permits_per_second)
+    /// and [`warmup`](SmoothWarmingUpBuilder::warmup) are required.
+    pub fn builder() -> SmoothWarmingUpBuilder {
+        SmoothWarmingUpBuilder::default()
     }
 }
 

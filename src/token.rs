@@ -52,13 +52,13 @@ pub struct TokenBucket {
 
 /// Configures a [`TokenBucket`]; made by [`TokenBucket::builder`].
 #[derive(Debug, Clone, Default)]
-pub struct Builder {
+pub struct TokenBucketBuilder {
     rate: Option<Rate>,
     capacity: Option<u32>,
     initial: Option<u32>,
 }
 
-impl Builder {
+impl TokenBucketBuilder {
     /// The refill rate (required).
     pub fn rate(&mut self, rate: Rate) -> &mut Self {
         self.rate = Some(rate);
@@ -110,9 +110,9 @@ impl Builder {
 }
 
 impl TokenBucket {
-    /// A builder; [`rate`](Builder::rate) is required.
-    pub fn builder() -> Builder {
-        Builder::default()
+    /// A builder; [`rate`](TokenBucketBuilder::rate) is required.
+    pub fn builder() -> TokenBucketBuilder {
+        TokenBucketBuilder::default()
     }
 
     /// Waits for one token. See [`acquire_many`](Self::acquire_many).

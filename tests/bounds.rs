@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use tokio_ratelimit::{
-    AcquireError, ConfigError, Funnel, LeakyBucket, Limiter, Rate, TokenBucket, TryAcquireError,
-    funnel, leaky, token,
+    AcquireError, ConfigError, Funnel, FunnelBuilder, LeakyBucket, LeakyBucketBuilder, Limiter,
+    Rate, TokenBucket, TokenBucketBuilder, TryAcquireError,
 };
 
 mod support;
@@ -34,9 +34,9 @@ fn handles_are_clone_send_sync_debug_unpin_static() {
 
     handle::<LeakyBucket>();
     handle::<Funnel>();
-    builder::<token::Builder>();
-    builder::<leaky::Builder>();
-    builder::<funnel::Builder>();
+    builder::<TokenBucketBuilder>();
+    builder::<LeakyBucketBuilder>();
+    builder::<FunnelBuilder>();
 }
 
 #[test]

@@ -57,7 +57,7 @@ use crate::{AcquireError, ConfigError, Rate, TryAcquireError, clock};
 /// background sweeper when the map is built inside a tokio runtime — so
 /// memory follows the active keys.
 ///
-/// [`max_keys`](Builder::max_keys) caps the map. When every slot holds an
+/// [`max_keys`](KeyedFunnelBuilder::max_keys) caps the map. When every slot holds an
 /// active key, a *new* key is refused with
 /// `TryAcquireError::Limited { retry_after }` (fail closed): `retry_after`
 /// is then an estimate, the time until a sweep may free a slot. An active
@@ -67,7 +67,7 @@ use crate::{AcquireError, ConfigError, Rate, TryAcquireError, clock};
 ///
 /// The default hasher is std's `RandomState` (`SipHash`, randomly keyed),
 /// which resists hash flooding from untrusted keys;
-/// [`hasher`](Builder::hasher) replaces it.
+/// [`hasher`](KeyedFunnelBuilder::hasher) replaces it.
 ///
 /// # Examples
 ///
@@ -112,7 +112,7 @@ enum Words<K, S> {
 }
 
 /// Configures a [`KeyedFunnel`]; made by [`KeyedFunnel::builder`].
-pub struct Builder<K, S = RandomState> {
+pub struct KeyedFunnelBuilder<K, S = RandomState> {
     rate: Option<Rate>,
     capacity: Option<u32>,
     max_keys: usize,
@@ -122,9 +122,9 @@ pub struct Builder<K, S = RandomState> {
     keys: std::marker::PhantomData<fn() -> K>,
 }
 
-impl<K, S: fmt::Debug> fmt::Debug for Builder<K, S> {
+impl<K, S: fmt::Debug> fmt::Debug for KeyedFunnelBuilder<K, S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Builder")
+        f.debug_struct("KeyedFunnelBuilder")
             .field("rate", &self.rate)
             .field("capacity", &self.capacity)
             .field("max_keys", &self.max_keys)
@@ -135,9 +135,9 @@ impl<K, S: fmt::Debug> fmt::Debug for Builder<K, S> {
     }
 }
 
-impl<K> Default for Builder<K> {
+impl<K> Default for KeyedFunnelBuilder<K> {
     fn default() -> Self {
-        Builder {
+        KeyedFunnelBuilder {
             rate: None,
             capacity: None,
             max_keys: usize::MAX,
@@ -149,7 +149,7 @@ impl<K> Default for Builder<K> {
     }
 }
 
-impl<K, S> Builder<K, S>
+impl<K, S> KeyedFunnelBuilder<K, S>
 where
     K: Hash + Eq + Send + Sync + 'static,
     S: BuildHasher + Clone + Send + Sync + 'static,
@@ -195,8 +195,8 @@ where
 
     /// Replaces the hasher (by default std's randomly keyed `SipHash`, which
     /// resists hash flooding; a faster one is fine for trusted keys).
-    pub fn hasher<S2>(&self, hasher: S2) -> Builder<K, S2> {
-        Builder {
+    pub fn hasher<S2>(&self, hasher: S2) -> KeyedFunnelBuilder<K, S2> {
+        KeyedFunnelBuilder {
             rate: self.rate,
             capacity: self.capacity,
             max_keys: self.max_keys,
@@ -566,9 +566,9 @@ impl<K> KeyedFunnel<K>
 where
     K: Hash + Eq + Send + Sync + 'static,
 {
-    /// A builder; [`rate`](Builder::rate) is required.
-    pub fn builder() -> Builder<K> {
-        Builder::default()
+    /// A builder; [`rate`](KeyedFunnelBuilder::rate) is required.
+    pub fn builder() -> KeyedFunnelBuilder<K> {
+        KeyedFunnelBuilder::default()
     }
 }
 

@@ -76,7 +76,7 @@ struct Inner<K, L, S> {
 }
 
 /// Configures a [`Keyed`]; made by [`Keyed::builder`].
-pub struct Builder<K, L, S = RandomState> {
+pub struct KeyedBuilder<K, L, S = RandomState> {
     factory: Option<Arc<Factory<L>>>,
     max_keys: usize,
     sweep_interval: Duration,
@@ -85,9 +85,9 @@ pub struct Builder<K, L, S = RandomState> {
     keys: std::marker::PhantomData<fn() -> K>,
 }
 
-impl<K, L, S: fmt::Debug> fmt::Debug for Builder<K, L, S> {
+impl<K, L, S: fmt::Debug> fmt::Debug for KeyedBuilder<K, L, S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Builder")
+        f.debug_struct("KeyedBuilder")
             .field("limiter", &self.factory.as_ref().map(|_| "…"))
             .field("max_keys", &self.max_keys)
             .field("sweep_interval", &self.sweep_interval)
@@ -97,9 +97,9 @@ impl<K, L, S: fmt::Debug> fmt::Debug for Builder<K, L, S> {
     }
 }
 
-impl<K, L> Default for Builder<K, L> {
+impl<K, L> Default for KeyedBuilder<K, L> {
     fn default() -> Self {
-        Builder {
+        KeyedBuilder {
             factory: None,
             max_keys: usize::MAX,
             sweep_interval: Duration::from_secs(1),
@@ -110,7 +110,7 @@ impl<K, L> Default for Builder<K, L> {
     }
 }
 
-impl<K, L, S> Builder<K, L, S>
+impl<K, L, S> KeyedBuilder<K, L, S>
 where
     K: Hash + Eq + Send + Sync + 'static,
     L: Limiter + Clone + 'static,
@@ -153,8 +153,8 @@ where
 
     /// Replaces the hasher (by default std's randomly keyed `SipHash`, which
     /// resists hash flooding).
-    pub fn hasher<S2>(&self, hasher: S2) -> Builder<K, L, S2> {
-        Builder {
+    pub fn hasher<S2>(&self, hasher: S2) -> KeyedBuilder<K, L, S2> {
+        KeyedBuilder {
             factory: self.factory.clone(),
             max_keys: self.max_keys,
             sweep_interval: self.sweep_interval,
@@ -293,9 +293,9 @@ where
     K: Hash + Eq + Send + Sync + 'static,
     L: Limiter + Clone + 'static,
 {
-    /// A builder; [`limiter`](Builder::limiter) is required.
-    pub fn builder() -> Builder<K, L> {
-        Builder::default()
+    /// A builder; [`limiter`](KeyedBuilder::limiter) is required.
+    pub fn builder() -> KeyedBuilder<K, L> {
+        KeyedBuilder::default()
     }
 }
 

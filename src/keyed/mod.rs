@@ -54,8 +54,8 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tracing::Instrument;
 
-pub use funnel::{Builder as KeyedFunnelBuilder, KeyedFunnel};
-pub use generic::{Builder as KeyedBuilder, Keyed};
+pub use funnel::{KeyedFunnel, KeyedFunnelBuilder};
+pub use generic::{Keyed, KeyedBuilder};
 pub use map::KeyedStats;
 
 use crate::{Limiter, TryAcquireError, clock};

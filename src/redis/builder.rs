@@ -62,7 +62,7 @@ impl IntoClient for ::redis::ConnectionInfo {
 
 /// Configures a [`RedisFunnel`]; made by [`RedisFunnel::builder`].
 #[derive(Debug, Clone)]
-pub struct Builder {
+pub struct RedisFunnelBuilder {
     client: RedisResult<Client>,
     rate: Option<Rate>,
     capacity: Option<u32>,
@@ -72,10 +72,10 @@ pub struct Builder {
     connect_timeout: Duration,
 }
 
-impl Builder {
+impl RedisFunnelBuilder {
     /// The defaults, connecting to `client`.
-    pub(super) fn new(client: RedisResult<Client>) -> Builder {
-        Builder {
+    pub(super) fn new(client: RedisResult<Client>) -> RedisFunnelBuilder {
+        RedisFunnelBuilder {
             client,
             rate: None,
             capacity: None,

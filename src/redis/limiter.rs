@@ -13,7 +13,7 @@ use ::redis::{ErrorKind, RedisError, Script};
 use super::repr::Encoding;
 use super::script::Answer;
 use super::stats::Counters;
-use super::{Builder, IntoClient, RedisLimitError, RedisStats};
+use super::{IntoClient, RedisFunnelBuilder, RedisLimitError, RedisStats};
 use crate::{Rate, clock};
 
 /// The funnel per key, its state in Redis: one limit shared by every
@@ -28,7 +28,7 @@ pub struct RedisFunnel {
 }
 
 /// What a `RedisFunnel` and its clones share. Made by
-/// [`Builder::build`]; `script.rs` does its I/O.
+/// [`RedisFunnelBuilder::build`]; `script.rs` does its I/O.
 pub(super) struct Inner {
     pub(super) conn: ConnectionManager,
     pub(super) script: Script,
@@ -45,6 +45,7 @@ pub(super) struct Inner {
 /// What a [`RedisFunnel`] does with a decision Redis could not make (an
 /// error, a lost connection, or no answer within the timeout).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum FailurePolicy {
     /// Grant the request (and count it in
     /// [`RedisStats::fail_open_grants`]): an outage of the limiter's store
@@ -76,9 +77,9 @@ impl Decision {
 impl RedisFunnel {
     /// A builder that will connect to `client` (a
     /// [`redis::Client`] or a URL such as
-    /// `"redis://127.0.0.1:6379/"`); [`rate`](Builder::rate) is required.
-    pub fn builder(client: impl IntoClient) -> Builder {
-        Builder::new(client.into_client())
+    /// `"redis://127.0.0.1:6379/"`); [`rate`](RedisFunnelBuilder::rate) is required.
+    pub fn builder(client: impl IntoClient) -> RedisFunnelBuilder {
+        RedisFunnelBuilder::new(client.into_client())
     }
 
     /// Takes one permit for `key` if it has one now.

@@ -75,7 +75,7 @@
 //!
 //! # When Redis fails
 //!
-//! Every decision has a deadline ([`timeout`](Builder::timeout), 200 ms by
+//! Every decision has a deadline ([`timeout`](RedisFunnelBuilder::timeout), 200 ms by
 //! default) covering the connection, the script and a reload: no request
 //! hangs on a dead or stalled Redis. A decision that fails or times out is
 //! decided by the limiter's [`FailurePolicy`]: `Open` grants it (counted in
@@ -124,7 +124,7 @@ mod repr;
 mod script;
 mod stats;
 
-pub use self::builder::{Builder, IntoClient};
+pub use self::builder::{IntoClient, RedisFunnelBuilder};
 pub use self::error::{RedisBuildError, RedisLimitError};
 pub use self::limiter::{Decision, FailurePolicy, RedisFunnel};
 pub use self::stats::RedisStats;
