@@ -1,5 +1,5 @@
-//! [`Builder`]: a [`RedisFunnel`]'s configuration, checked, connected and
-//! its script loaded by [`Builder::build`]; and [`IntoClient`], what the
+//! [`RedisFunnelBuilder`]: a [`RedisFunnel`]'s configuration, checked, connected and
+//! its script loaded by [`RedisFunnelBuilder::build`]; and [`IntoClient`], what the
 //! builder connects to.
 
 use std::sync::Arc;
@@ -22,7 +22,7 @@ use crate::{ConfigError, Rate, clock};
 /// `String`, a [`ConnectionInfo`](::redis::ConnectionInfo)).
 pub trait IntoClient {
     /// Opens (or passes on) the client. An invalid URL is reported by
-    /// [`Builder::build`].
+    /// [`RedisFunnelBuilder::build`].
     ///
     /// # Errors
     ///
