@@ -12,7 +12,7 @@
 //! instant by the replay, whatever the requests before it are still
 //! waiting for, so waits overlap as they would in a real service.
 //!
-//! The default pattern is the source material's demo: a capacity of 2, a
+//! The default pattern is the classic demo: a capacity of 2, a
 //! rate of 2 per second, one request every 200 ms, 30 requests. There,
 //! the token bucket, the leaky bucket's meter and the funnel refuse
 //! exactly the same requests (`++-+-+--+-...`): they are the same
@@ -255,7 +255,7 @@ pub(crate) struct Config {
 }
 
 impl Default for Config {
-    /// The source material's demo, through every limiter: the flags'
+    /// The classic demo, through every limiter: the flags'
     /// defaults, which live once, on [`Flags`].
     fn default() -> Config {
         parse_args(std::iter::empty::<&str>()).expect("the flags' defaults are valid")

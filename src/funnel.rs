@@ -10,9 +10,10 @@ use crate::{AcquireError, ConfigError, Rate, TryAcquireError};
 /// The funnel: a leaky-bucket meter computed lazily, with no task at all.
 ///
 /// The funnel holds `capacity` units and leaks at `rate`; a request for `n`
-/// units passes if it fits. It is the source material's funnel without its
-/// truncation bug: fractional leakage is kept exactly, so calling it every
-/// nanosecond leaks exactly as much as calling it once an hour. Its numbers
+/// units passes if it fits. It is the classic funnel without its truncation
+/// bug (it added back `gap × rate` units, truncated, at each call):
+/// fractional leakage is kept exactly, so calling it every nanosecond leaks
+/// exactly as much as calling it once an hour. Its numbers
 /// are those of [`LeakyBucket`](crate::LeakyBucket)'s meter and of a
 /// [`TokenBucket`](crate::TokenBucket) that starts full.
 ///

@@ -3,7 +3,7 @@
 //!
 //! # Design note: the queue is shared, not an mpsc channel
 //!
-//! The design sketch has the actor own a bounded mpsc queue of requests.
+//! The obvious design has the actor own a bounded mpsc queue of requests.
 //! Here the queue is a `VecDeque` behind a mutex that the actor shares with
 //! the handles, bounded by the bucket itself (each queued request holds at
 //! least one unit of water, so at most `capacity` wait). The reason is

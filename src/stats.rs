@@ -37,17 +37,10 @@ pub struct Stats {
 }
 
 /// Counters bumped on the hot paths, striped over two cache lines so that
-/// two threads sharing a limiter rarely fight over one line.
-///
-/// Measured alternatives (`BENCH_KINDS=TokenBucket cargo bench -p
-/// tokio-ratelimit-benches -- try threads`, 2026-11-30): stripes owned by
-/// the first threads to count (plain stores by the owner), and stripes a
-/// thread leaves when its compare-and-swap finds another thread there,
-/// both measured no better on one thread (`fetch_add`'s result is never
-/// waited on: 33.2 ns allowed, 31.5 denied with it, as without) and cost up
-/// to 3.5 ns more on refusals; with two threads the figure flips between
-/// ~55 and ~120 ns per call from run to run with the counters removed
-/// altogether, so no striping scheme could be told apart from that.
+/// two threads sharing a limiter rarely fight over one line. Plain
+/// `fetch_add` on a stripe chosen per thread: the cleverer schemes tried
+/// (stripes owned by a thread, stripes left on contention) measured no
+/// better and cost more on refusals (see `benches/README.md`).
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
     stripes: [Stripe; STRIPES],

@@ -1,4 +1,4 @@
-//! The source material's demo — capacity 2, 2 per second, one request every
+//! The classic demo — capacity 2, 2 per second, one request every
 //! 200 ms, 30 requests — through the three meters: `Funnel::try_acquire`,
 //! `LeakyBucket::try_acquire` and `TokenBucket::try_acquire` (which starts
 //! full). All three are GCRA with the same numbers, so they must agree on

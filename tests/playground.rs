@@ -57,7 +57,7 @@ fn config(rate: f64, capacity: u32, interval: Duration, count: u32) -> Config {
     }
 }
 
-/// The source material's demo: capacity 2, 2/s, a request every 200 ms.
+/// The classic demo: capacity 2, 2/s, a request every 200 ms.
 const DEMO: &str = "++-+-+--+-+--+-+--+-+--+-+--+-";
 
 #[test]

@@ -52,8 +52,9 @@ pub(crate) use smooth::Span;
 
 use crate::{AcquireError, ConfigError, Rate, TryAcquireError};
 
-/// The leaky bucket as a meter: the funnel of the source material, without
-/// its truncation bug.
+/// The leaky bucket as a meter: the classic funnel (which adds back
+/// `gap × rate` leaked units, truncated, at each call), without its
+/// truncation bug.
 ///
 /// Water poured in drains continuously at the rate; the bucket holds at most
 /// `capacity` units. [`try_pour`](Self::try_pour) is the meter: pour `n`

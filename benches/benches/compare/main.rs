@@ -1,4 +1,4 @@
-//! tokio-ratelimit side by side with its peers (issue 5): one table per
+//! tokio-ratelimit side by side with its peers: one table per
 //! scenario, with the issue's targets printed beside the measured ratios.
 //!
 //! Run with `cargo bench -p tokio-ratelimit-benches` (add scenario names
@@ -41,7 +41,7 @@ fn main() {
         .build()
         .unwrap();
     let began = Instant::now();
-    println!("## tokio-ratelimit benchmarks (issue 5)\n");
+    println!("## tokio-ratelimit benchmarks\n");
     println!("- date: {} (UTC)", today_utc());
     println!("- machine: {}", machine());
     println!("- command: `cargo bench -p tokio-ratelimit-benches`");
