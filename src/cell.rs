@@ -91,6 +91,15 @@ impl Snapshot {
     }
 }
 
+/// What [`Cell::reserve`] does with a request that would have to wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wait {
+    /// Pour nothing and answer `WouldWait` (the lock-free fast path).
+    Refuse,
+    /// Pour and answer `Queued`: the caller takes its place in the queue.
+    Queue,
+}
+
 /// What [`Cell::reserve`] decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Reserve {
@@ -220,15 +229,15 @@ impl Cell {
 
     /// A waiter's reservation of `n` units at `now_nanos`.
     ///
-    /// Pours only if the caller may proceed at once, or if `may_queue`;
-    /// refuses with `TooLong` when the wait would exceed `max_wait_nanos`.
+    /// Pours if the caller may proceed at once; otherwise as `wait` says.
+    /// Refuses with `TooLong` when the wait would exceed `max_wait_nanos`.
     pub(crate) fn reserve(
         &self,
         now_nanos: u128,
         n: u32,
         release: Release,
         max_wait_nanos: Option<u128>,
-        may_queue: bool,
+        wait: Wait,
     ) -> Reserve {
         loop {
             let s = self.read();
@@ -249,7 +258,7 @@ impl Cell {
                 .is_some_and(|max| (r.ready - now).div_ceil(u128::from(s.params.den())) > max)
             {
                 Reserve::TooLong
-            } else if !may_queue {
+            } else if wait == Wait::Refuse {
                 Reserve::WouldWait
             } else {
                 Reserve::Queued(r)
@@ -446,18 +455,19 @@ mod tests {
     fn reserve_outcomes() {
         let c = cell(Rate::per_second(10), 1);
         assert!(matches!(
-            c.reserve(0, 1, Release::Tokens, None, false),
+            c.reserve(0, 1, Release::Tokens, None, Wait::Refuse),
             Reserve::Ready(_)
         ));
         assert_eq!(
-            c.reserve(0, 1, Release::Tokens, None, false),
+            c.reserve(0, 1, Release::Tokens, None, Wait::Refuse),
             Reserve::WouldWait
         );
         assert_eq!(
-            c.reserve(0, 1, Release::Tokens, Some(99 * MS), true),
+            c.reserve(0, 1, Release::Tokens, Some(99 * MS), Wait::Queue),
             Reserve::TooLong
         );
-        let Reserve::Queued(r) = c.reserve(0, 1, Release::Tokens, Some(100 * MS), true) else {
+        let Reserve::Queued(r) = c.reserve(0, 1, Release::Tokens, Some(100 * MS), Wait::Queue)
+        else {
             panic!()
         };
         let params = c.snapshot().params;
@@ -465,11 +475,11 @@ mod tests {
         // The shaper overflows instead of queueing past the capacity.
         let s = cell(Rate::per_second(10), 1);
         assert!(matches!(
-            s.reserve(0, 1, Release::Water, None, true),
+            s.reserve(0, 1, Release::Water, None, Wait::Queue),
             Reserve::Ready(_)
         ));
         assert_eq!(
-            s.reserve(0, 1, Release::Water, None, true),
+            s.reserve(0, 1, Release::Water, None, Wait::Queue),
             Reserve::Overflow
         );
     }
@@ -561,7 +571,7 @@ mod loom_tests {
 
     use super::*;
     use crate::Rate;
-    use crate::queue::Queue;
+    use crate::queue::{Grant, Queue};
 
     const MS: u128 = 1_000_000;
 
@@ -671,7 +681,7 @@ mod loom_tests {
             .map(|&op| match op {
                 Op::Pour(now, n) => Outcome::Pour(cell.try_pour(now, n)),
                 Op::Reserve(now, n) => {
-                    Outcome::Reserve(cell.reserve(now, n, Release::Tokens, None, true))
+                    Outcome::Reserve(cell.reserve(now, n, Release::Tokens, None, Wait::Queue))
                 }
                 Op::SetParams(new, now) => {
                     let before = cell.snapshot().params;
@@ -834,13 +844,13 @@ mod loom_tests {
             let cell = Arc::new(Cell::new(p, 0, Instant::now()));
             let mut queue = Queue::new(Rate::per_second(10));
             assert!(matches!(
-                cell.reserve(0, 2, Release::Tokens, None, true),
+                cell.reserve(0, 2, Release::Tokens, None, Wait::Queue),
                 Reserve::Ready(_)
             ));
-            let Reserve::Queued(r) = cell.reserve(0, 1, Release::Tokens, None, true) else {
+            let Reserve::Queued(r) = cell.reserve(0, 1, Release::Tokens, None, Wait::Queue) else {
                 panic!("the second waiter queues")
             };
-            let (id, _) = queue.push(1, r.end, false);
+            let (id, _) = queue.push(1, r.end, Grant::Spend);
             let canceller = {
                 let cell = cell.clone();
                 thread::spawn(move || {

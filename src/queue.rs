@@ -28,6 +28,17 @@ use crate::algorithm::{Params, Release};
 use crate::cell::Cell;
 use crate::rate::Rate;
 
+/// What a request does with its permits once its turn comes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Grant {
+    /// Spends them: the entry leaves the queue when its waiter sees it
+    /// granted (`acquire`).
+    Spend,
+    /// Holds them: the entry stays in the queue until a `Reservation`
+    /// commits or drops it (`reserve`).
+    Hold,
+}
+
 /// Where a waiter stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum State {
@@ -48,7 +59,7 @@ struct Entry {
     state: State,
     /// Held by a `Reservation`: stays in the queue once granted, until it
     /// is committed (removed) or dropped (given back).
-    held: bool,
+    grant: Grant,
     waker: Option<Waker>,
 }
 
@@ -73,17 +84,17 @@ impl Queue {
 
     /// Appends a reservation; returns its id and whether it is the first
     /// pending one (the timer must be re-armed for it).
-    pub(crate) fn push(&mut self, n: u32, end: u128, held: bool) -> (u64, bool) {
+    pub(crate) fn push(&mut self, n: u32, end: u128, grant: Grant) -> (u64, bool) {
         let first = self.first_pending().is_none();
-        (self.append(n, end, State::Pending, held), first)
+        (self.append(n, end, State::Pending, grant), first)
     }
 
     /// Appends a held reservation that may proceed at once.
     pub(crate) fn push_granted(&mut self, n: u32, end: u128) -> u64 {
-        self.append(n, end, State::Granted, true)
+        self.append(n, end, State::Granted, Grant::Hold)
     }
 
-    fn append(&mut self, n: u32, end: u128, state: State, held: bool) -> u64 {
+    fn append(&mut self, n: u32, end: u128, state: State, grant: Grant) -> u64 {
         let id = self.next_id;
         self.next_id += 1;
         self.entries.push_back(Entry {
@@ -91,7 +102,7 @@ impl Queue {
             n,
             end,
             state,
-            held,
+            grant,
             waker: None,
         });
         id
@@ -183,7 +194,7 @@ impl Queue {
                 }
                 Err(params.ready(e.end, e.n, release))
             }
-            State::Granted if e.held => Ok((State::Granted, e.n)),
+            State::Granted if e.grant == Grant::Hold => Ok((State::Granted, e.n)),
             state => {
                 let n = e.n;
                 self.entries.remove(idx);
@@ -262,11 +273,11 @@ mod tests {
     fn cancel_shifts_everyone_behind() {
         let (params, cell, mut q) = setup(1);
         // Reservations ending at 100, 300 (n = 2), 400 ms: ready at 0, 200, 300.
-        let (a, first) = q.push(1, 100 * MS, false);
+        let (a, first) = q.push(1, 100 * MS, Grant::Spend);
         assert!(first);
-        let (b, first) = q.push(2, 300 * MS, false);
+        let (b, first) = q.push(2, 300 * MS, Grant::Spend);
         assert!(!first);
-        let (c, _) = q.push(1, 400 * MS, false);
+        let (c, _) = q.push(1, 400 * MS, Grant::Spend);
         let mut wakers = vec![];
         assert_eq!(
             q.grant_due(&params, Release::Tokens, 0, &cell, &mut wakers),
@@ -288,8 +299,8 @@ mod tests {
     #[test]
     fn refund_is_only_the_undrained_part() {
         let (params, _cell, mut q) = setup(1);
-        let (a, _) = q.push(2, 200 * MS, false);
-        let (b, _) = q.push(1, 300 * MS, false);
+        let (a, _) = q.push(2, 200 * MS, Grant::Spend);
+        let (b, _) = q.push(1, 300 * MS, Grant::Spend);
         // a was due at 100 ms; cancelled at 150 ms, half of it has drained.
         assert_eq!(q.cancel(a, &params, 150 * MS), 50 * MS);
         assert_eq!(q.cancel(b, &params, 150 * MS), 100 * MS);
@@ -298,8 +309,8 @@ mod tests {
     #[test]
     fn close_marks_pending_only() {
         let (params, cell, mut q) = setup(1);
-        let (a, _) = q.push(1, 100 * MS, false);
-        let (b, _) = q.push(1, 200 * MS, false);
+        let (a, _) = q.push(1, 100 * MS, Grant::Spend);
+        let (b, _) = q.push(1, 200 * MS, Grant::Spend);
         let mut wakers = vec![];
         q.grant_due(&params, Release::Tokens, 0, &cell, &mut wakers);
         q.close(&mut wakers);

@@ -9,6 +9,22 @@
 //! water ahead of it has drained, and a request that does not fit
 //! overflows) and in whether they spawn an actor.
 //!
+//! # Words
+//!
+//! * A request's **turn** is the instant its permits are due (`ready`, in
+//!   the cell's scaled units; an `Instant` once converted for a timer).
+//! * A **reservation** is what a request takes from the cell when it
+//!   arrives: its permits' place in the bucket's time line (`Reserve` is the
+//!   cell's answer). A reservation that must wait becomes an **entry** in the
+//!   [`Queue`], named by its id; its **waiter** is the future polling it.
+//! * An entry is **granted** when its turn comes; [`Grant`] says whether
+//!   its permits are then spent (`acquire`) or held until a
+//!   [`Reservation`] commits or drops them (`reserve`).
+//! * **Cancelling** an entry gives back its undrained part (a **refund**)
+//!   and moves every later entry forward.
+//! * The **actor** is the background task that grants entries on one timer;
+//!   without one, each waiter arms its own.
+//!
 //! Lock order: the queue lock, then the cell (which is lock-free). The
 //! uncontended fast paths never take the lock.
 //!
@@ -29,8 +45,8 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::algorithm::{Params, Release};
-use crate::cell::{Cell, Reserve};
-use crate::queue::{Queue, State};
+use crate::cell::{Cell, Reserve, Wait};
+use crate::queue::{Grant, Queue, State};
 use crate::reservation::{Hold, Reservation};
 use crate::stats::{Counters, Stats};
 use crate::{AcquireError, ConfigError, Rate, TryAcquireError, clock};
@@ -211,21 +227,21 @@ impl Engine {
         n: u32,
         max_wait: Option<Duration>,
     ) -> Result<(), AcquireError> {
-        match self.enqueue(n, max_wait, false)? {
+        match self.enqueue(n, max_wait, Grant::Spend)? {
             Queued::Ready(_) => Ok(()),
-            Queued::Waiting(id) => self.wait(id, max_wait, false).await,
+            Queued::Waiting(id) => self.wait(id, max_wait, Grant::Spend).await,
         }
     }
 
     /// Waits for `n` permits like [`acquire`](Self::acquire), but holds them
     /// in the queue until the reservation is committed or dropped.
     pub(crate) async fn reserve(self: &Arc<Self>, n: u32) -> Result<Reservation, AcquireError> {
-        let id = match self.enqueue(n, None, true)? {
+        let id = match self.enqueue(n, None, Grant::Hold)? {
             Queued::Ready(None) => return Ok(Reservation::spent()), // n = 0
             Queued::Ready(Some(id)) | Queued::Waiting(id) => id,
         };
         // Until the waiter hands it over, a drop cancels through it.
-        self.wait(id, None, true).await?;
+        self.wait(id, None, Grant::Hold).await?;
         Ok(Reservation::held(Arc::clone(self) as Arc<dyn Hold>, id))
     }
 
@@ -233,12 +249,12 @@ impl Engine {
         &self,
         id: u64,
         max_wait: Option<Duration>,
-        hold: bool,
+        grant: Grant,
     ) -> Result<(), AcquireError> {
         let waiter = Waiter {
             engine: self,
             id,
-            hold,
+            grant,
             done: false,
             sleep: None,
             timer: clock::TwoStep::default(),
@@ -263,7 +279,7 @@ impl Engine {
         &self,
         n: u32,
         max_wait: Option<Duration>,
-        hold: bool,
+        grant: Grant,
     ) -> Result<Queued, AcquireError> {
         if self.is_closed() {
             return Err(AcquireError::Closed);
@@ -276,10 +292,13 @@ impl Engine {
             return Ok(Queued::Ready(None));
         }
         let max_wait = max_wait.map(|d| d.as_nanos());
-        if !hold {
+        if grant == Grant::Spend {
             // Fast path, lock-free: proceed at once or fail at once.
             let now = self.cell.now_nanos();
-            match self.cell.reserve(now, n, self.release, max_wait, false) {
+            match self
+                .cell
+                .reserve(now, n, self.release, max_wait, Wait::Refuse)
+            {
                 Reserve::WouldWait => {}
                 outcome => return self.settle(n, &outcome).map(|()| Queued::Ready(None)),
             }
@@ -292,10 +311,12 @@ impl Engine {
         // for it, and a stale `now` overstates the water (a shaper would
         // overflow wrongly).
         let now = self.cell.now_nanos();
-        let outcome = self.cell.reserve(now, n, self.release, max_wait, true);
+        let outcome = self
+            .cell
+            .reserve(now, n, self.release, max_wait, Wait::Queue);
         match outcome {
             Reserve::Queued(r) => {
-                let (id, first) = queue.push(n, r.end, hold);
+                let (id, first) = queue.push(n, r.end, grant);
                 drop(queue);
                 tracing::trace!(limiter = self.kind.name(), n, id, "queued");
                 if first {
@@ -303,7 +324,7 @@ impl Engine {
                 }
                 Ok(Queued::Waiting(id))
             }
-            Reserve::Ready(r) if hold => {
+            Reserve::Ready(r) if grant == Grant::Hold => {
                 let id = queue.push_granted(n, r.end);
                 drop(queue);
                 tracing::trace!(limiter = self.kind.name(), n, id, "reserved");
@@ -353,7 +374,7 @@ impl Engine {
     fn poll_waiter(
         &self,
         id: u64,
-        hold: bool,
+        grant: Grant,
         waker: &Waker,
     ) -> Result<Result<(), AcquireError>, Instant> {
         let mut wakers = Vec::new();
@@ -379,7 +400,7 @@ impl Engine {
         wake_all(wakers);
         match outcome {
             Ok((State::Granted, n)) => {
-                if !hold {
+                if grant == Grant::Spend {
                     self.counters.granted(n);
                 }
                 tracing::trace!(limiter = self.kind.name(), id, "granted after waiting");

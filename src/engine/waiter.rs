@@ -9,6 +9,7 @@ use std::task::{Context, Poll};
 use tokio::time::Sleep;
 
 use super::Engine;
+use crate::queue::Grant;
 use crate::{AcquireError, clock};
 
 /// A queued `acquire`: resolves when its turn comes (or the limiter
@@ -17,7 +18,7 @@ pub(super) struct Waiter<'a> {
     pub(super) engine: &'a Engine,
     pub(super) id: u64,
     /// Whether the permits stay held in the queue once granted.
-    pub(super) hold: bool,
+    pub(super) grant: Grant,
     pub(super) done: bool,
     /// Waiters of a limiter without a (live) actor keep their own timer.
     pub(super) sleep: Option<Pin<Box<Sleep>>>,
@@ -33,7 +34,7 @@ impl Future for Waiter<'_> {
         // Three times at most: the early timer may have fired, and a timer
         // armed for the turn that has fired means the turn has come.
         for _ in 0..3 {
-            match this.engine.poll_waiter(this.id, this.hold, cx.waker()) {
+            match this.engine.poll_waiter(this.id, this.grant, cx.waker()) {
                 Ok(result) => {
                     this.done = true;
                     return Poll::Ready(result);
