@@ -111,6 +111,17 @@ enum Words<K, S> {
     Wide(ShardMap<K, AtomicU128, S>),
 }
 
+/// `$body` with `$map` bound to the map of words, whichever width they
+/// have: the body is written once and compiled for each [`Word`] type.
+macro_rules! with_map {
+    ($words:expr, $map:ident => $body:expr) => {
+        match $words {
+            Words::Narrow($map) => $body,
+            Words::Wide($map) => $body,
+        }
+    };
+}
+
 /// Configures a [`KeyedFunnel`]; made by [`KeyedFunnel::builder`].
 pub struct KeyedFunnelBuilder<K, S = RandomState> {
     rate: Option<Rate>,
@@ -451,21 +462,13 @@ where
         let now = self.scaled(now_nanos);
         let params = &self.params;
         // An existing key: a read lock and one compare-and-swap.
-        let known = match &self.words {
-            Words::Narrow(map) => map.update(key, now_nanos, |w, epoch| {
-                decide(params, w, self.scaled(epoch), now, n)
-            }),
-            Words::Wide(map) => map.update(key, now_nanos, |w, epoch| {
-                decide(params, w, self.scaled(epoch), now, n)
-            }),
-        };
+        let known = with_map!(&self.words, map => map.update(key, now_nanos, |w, epoch| {
+            decide(params, w, self.scaled(epoch), now, n)
+        }));
         if let Some(result) = known {
             return Poured::from(result);
         }
-        let outcome = match &self.words {
-            Words::Narrow(map) => self.pour(map, key, now_nanos, n),
-            Words::Wide(map) => self.pour(map, key, now_nanos, n),
-        };
+        let outcome = with_map!(&self.words, map => self.pour(map, key, now_nanos, n));
         match outcome {
             Ok((result, first)) => {
                 if first {
@@ -512,10 +515,9 @@ where
         Q: Hash + Eq + ?Sized,
     {
         let now = self.scaled(self.now_nanos());
-        let tat = match &self.words {
-            Words::Narrow(map) => map.get(key, |w, epoch| w.read(self.scaled(epoch)).1),
-            Words::Wide(map) => map.get(key, |w, epoch| w.read(self.scaled(epoch)).1),
-        };
+        let tat = with_map!(&self.words, map => {
+            map.get(key, |w, epoch| w.read(self.scaled(epoch)).1)
+        });
         (tat.unwrap_or(now).max(now), now)
     }
 
@@ -526,10 +528,7 @@ where
     }
 
     fn stats(&self) -> KeyedStats {
-        let mut stats = match &self.words {
-            Words::Narrow(map) => map.stats(),
-            Words::Wide(map) => map.stats(),
-        };
+        let mut stats = with_map!(&self.words, map => map.stats());
         (stats.granted, stats.limited) = self.counters.totals();
         stats
     }
@@ -543,14 +542,9 @@ where
     fn sweep(&self) -> usize {
         let now_nanos = self.now_nanos();
         let now = self.scaled(now_nanos);
-        match &self.words {
-            Words::Narrow(map) => {
-                map.sweep_all(now_nanos, |w, epoch| is_drained(w, self.scaled(epoch), now))
-            }
-            Words::Wide(map) => {
-                map.sweep_all(now_nanos, |w, epoch| is_drained(w, self.scaled(epoch), now))
-            }
-        }
+        with_map!(&self.words, map => {
+            map.sweep_all(now_nanos, |w, epoch| is_drained(w, self.scaled(epoch), now))
+        })
     }
 }
 
@@ -756,10 +750,7 @@ where
 
 impl<K, S> fmt::Debug for KeyedFunnel<K, S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let stats = match &self.inner.words {
-            Words::Narrow(map) => map.stats(),
-            Words::Wide(map) => map.stats(),
-        };
+        let stats = with_map!(&self.inner.words, map => map.stats());
         f.debug_struct("KeyedFunnel")
             .field("rate", &self.inner.rate)
             .field("capacity", &self.inner.params.capacity())
