@@ -961,8 +961,10 @@ impl SmoothWarmingUp {
     ///     .unwrap();
     /// assert!(limiter.is_fresh()); // built cold
     /// limiter.acquire().await.unwrap();
-    /// assert!(!limiter.is_fresh()); // owes the first request's cost, a little warmer
-    /// tokio::time::sleep(Duration::from_secs(2)).await;
+    /// assert!(!limiter.is_fresh()); // owes the first request's cost
+    /// tokio::time::sleep(Duration::from_millis(280)).await;
+    /// assert!(!limiter.is_fresh()); // owes nothing, but one cold permit is spent
+    /// tokio::time::sleep(Duration::from_millis(100)).await; // warm-up / max permits
     /// assert!(limiter.is_fresh()); // cold again
     /// let other = limiter.clone();
     /// assert!(!limiter.is_fresh()); // `other` shares it
