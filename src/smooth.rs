@@ -364,9 +364,9 @@ impl SmoothBursty {
         self.core.acquire(1, None).await
     }
 
-    /// Guava's `acquire(n)` on the bursty limiter: reserves `n` permits and waits until
-    /// the debt of the requests before it is paid; this request's own cost
-    /// is paid by the next one. `n = 0` succeeds at once.
+    /// Guava's `acquire(n)` on the bursty limiter: reserves `n` permits and
+    /// waits until the debt of the requests before it is paid; this request's
+    /// own cost is paid by the next one. `n = 0` succeeds at once.
     ///
     /// # Errors
     ///
@@ -405,8 +405,8 @@ impl SmoothBursty {
         self.core.acquire(n, None).await
     }
 
-    /// Guava's `tryAcquire(n, timeout)` on the bursty limiter: reserves `n` permits if
-    /// the debt of the requests before it is paid within `timeout`
+    /// Guava's `tryAcquire(n, timeout)` on the bursty limiter: reserves `n`
+    /// permits if the debt of the requests before it is paid within `timeout`
     /// (inclusive), and waits for it; otherwise fails at once, changing
     /// nothing. `Duration::MAX` waits as long as it takes.
     ///
@@ -449,9 +449,9 @@ impl SmoothBursty {
         self.core.try_acquire(1)
     }
 
-    /// Guava's `tryAcquire(n)` (no timeout) on the bursty limiter: takes `n` permits if
-    /// the debt of earlier requests is paid now, whatever `n` is (the next
-    /// request pays for them). `n = 0` succeeds at once.
+    /// Guava's `tryAcquire(n)` (no timeout) on the bursty limiter: takes `n`
+    /// permits if the debt of earlier requests is paid now, whatever `n` is
+    /// (the next request pays for them). `n = 0` succeeds at once.
     ///
     /// # Errors
     ///
@@ -479,7 +479,8 @@ impl SmoothBursty {
         self.core.try_acquire(n)
     }
 
-    /// Guava's `setRate` on the bursty limiter: changes the stable rate from now on.
+    /// Guava's `setRate` on the bursty limiter: changes the stable rate from
+    /// now on.
     ///
     /// Idle time up to now is credited at the old rate; the debt already
     /// incurred (and so the wait of every current waiter) is unchanged;
@@ -506,7 +507,8 @@ impl SmoothBursty {
         self.core.set_rate(permits_per_second)
     }
 
-    /// Closes the bursty limiter: sleeping waiters and later calls fail with `Closed`.
+    /// Closes the bursty limiter: sleeping waiters and later calls fail with
+    /// `Closed`.
     ///
     /// # Examples
     ///
@@ -523,8 +525,8 @@ impl SmoothBursty {
         self.core.close();
     }
 
-    /// Whether [`close`](Self::close) has been called on the bursty limiter (see its
-    /// example).
+    /// Whether [`close`](Self::close) has been called on the bursty limiter
+    /// (see its example).
     pub fn is_closed(&self) -> bool {
         self.core.is_closed()
     }
@@ -596,9 +598,9 @@ impl SmoothBursty {
         self.core.reserve(n).await
     }
 
-    /// The counters of the bursty limiter (permits granted, requests refused) and the
-    /// callers waiting now; no `available` figure: a smooth limiter lets any
-    /// request through and makes the next one pay.
+    /// The counters of the bursty limiter (permits granted, requests refused)
+    /// and the callers waiting now; no `available` figure: a smooth limiter
+    /// lets any request through and makes the next one pay.
     ///
     /// # Examples
     ///
@@ -683,9 +685,9 @@ impl SmoothWarmingUp {
         self.core.acquire(1, None).await
     }
 
-    /// Guava's `acquire(n)` on the warm-up limiter: reserves `n` permits and waits until
-    /// the debt of the requests before it is paid; this request's own cost
-    /// is paid by the next one. `n = 0` succeeds at once.
+    /// Guava's `acquire(n)` on the warm-up limiter: reserves `n` permits and
+    /// waits until the debt of the requests before it is paid; this request's
+    /// own cost is paid by the next one. `n = 0` succeeds at once.
     ///
     /// # Errors
     ///
@@ -724,8 +726,8 @@ impl SmoothWarmingUp {
         self.core.acquire(n, None).await
     }
 
-    /// Guava's `tryAcquire(n, timeout)` on the warm-up limiter: reserves `n` permits if
-    /// the debt of the requests before it is paid within `timeout`
+    /// Guava's `tryAcquire(n, timeout)` on the warm-up limiter: reserves `n`
+    /// permits if the debt of the requests before it is paid within `timeout`
     /// (inclusive), and waits for it; otherwise fails at once, changing
     /// nothing. `Duration::MAX` waits as long as it takes.
     ///
@@ -768,9 +770,9 @@ impl SmoothWarmingUp {
         self.core.try_acquire(1)
     }
 
-    /// Guava's `tryAcquire(n)` (no timeout) on the warm-up limiter: takes `n` permits if
-    /// the debt of earlier requests is paid now, whatever `n` is (the next
-    /// request pays for them). `n = 0` succeeds at once.
+    /// Guava's `tryAcquire(n)` (no timeout) on the warm-up limiter: takes `n`
+    /// permits if the debt of earlier requests is paid now, whatever `n` is
+    /// (the next request pays for them). `n = 0` succeeds at once.
     ///
     /// # Errors
     ///
@@ -798,7 +800,8 @@ impl SmoothWarmingUp {
         self.core.try_acquire(n)
     }
 
-    /// Guava's `setRate` on the warm-up limiter: changes the stable rate from now on.
+    /// Guava's `setRate` on the warm-up limiter: changes the stable rate from
+    /// now on.
     ///
     /// Idle time up to now is credited at the old rate; the debt already
     /// incurred (and so the wait of every current waiter) is unchanged;
@@ -825,7 +828,8 @@ impl SmoothWarmingUp {
         self.core.set_rate(permits_per_second)
     }
 
-    /// Closes the warm-up limiter: sleeping waiters and later calls fail with `Closed`.
+    /// Closes the warm-up limiter: sleeping waiters and later calls fail with
+    /// `Closed`.
     ///
     /// # Examples
     ///
@@ -842,8 +846,8 @@ impl SmoothWarmingUp {
         self.core.close();
     }
 
-    /// Whether [`close`](Self::close) has been called on the warm-up limiter (see its
-    /// example).
+    /// Whether [`close`](Self::close) has been called on the warm-up limiter
+    /// (see its example).
     pub fn is_closed(&self) -> bool {
         self.core.is_closed()
     }
@@ -916,9 +920,9 @@ impl SmoothWarmingUp {
         self.core.reserve(n).await
     }
 
-    /// The counters of the warm-up limiter (permits granted, requests refused) and the
-    /// callers waiting now; no `available` figure: a smooth limiter lets any
-    /// request through and makes the next one pay.
+    /// The counters of the warm-up limiter (permits granted, requests refused)
+    /// and the callers waiting now; no `available` figure: a smooth limiter
+    /// lets any request through and makes the next one pay.
     ///
     /// # Examples
     ///
