@@ -1,11 +1,13 @@
 //! `Funnel`: the lazy leaky-bucket meter, with no background task.
 
+use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::algorithm::{Params, Release};
-use crate::engine::{Engine, Kind, Setup, bucket_handle};
-use crate::{AcquireError, ConfigError, Rate, TryAcquireError};
+use crate::engine::{Engine, Kind, Setup};
+use crate::limiter::impl_limiter;
+use crate::{AcquireError, ConfigError, Rate, Reservation, Stats, TryAcquireError};
 
 /// The funnel: a leaky-bucket meter computed lazily, with no task at all.
 ///
@@ -194,6 +196,146 @@ impl Funnel {
     pub fn free(&self) -> u32 {
         self.engine.available()
     }
+
+    /// How many units the funnel holds: its largest burst and its largest
+    /// single request.
+    pub fn capacity(&self) -> u32 {
+        self.engine.capacity()
+    }
+
+    /// Closes the funnel: every waiter and every later call fails with
+    /// `Closed` (the funnel has no task to end). Closing twice does nothing
+    /// more.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokio::time::Instant;
+    /// use tokio_ratelimit::{AcquireError, Funnel, Rate, TryAcquireError};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let funnel = Funnel::builder().rate(Rate::per_second(1)).capacity(1).build().unwrap();
+    /// let start = Instant::now();
+    /// funnel.try_acquire().unwrap(); // fills it
+    /// let waiter = tokio::spawn({
+    ///     let funnel = funnel.clone();
+    ///     async move { funnel.acquire().await }
+    /// });
+    /// tokio::task::yield_now().await; // the waiter waits 1 s for room
+    /// funnel.close();
+    /// assert!(funnel.is_closed());
+    /// assert_eq!(waiter.await.unwrap(), Err(AcquireError::Closed));
+    /// assert_eq!(start.elapsed(), Duration::ZERO); // failed at once, not after 1 s
+    /// assert_eq!(funnel.try_acquire(), Err(TryAcquireError::Closed));
+    /// # }
+    /// ```
+    pub fn close(&self) {
+        self.engine.close();
+    }
+
+    /// Whether [`close`](Self::close) has been called on this funnel (see
+    /// its example).
+    pub fn is_closed(&self) -> bool {
+        self.engine.is_closed()
+    }
+
+    /// Waits until `n` units fit like [`acquire_many`](Self::acquire_many)
+    /// and holds them: [`Reservation::commit`](crate::Reservation::commit)
+    /// spends them; dropping the reservation takes back out of the funnel
+    /// the part not yet leaked and moves every later reservation forward.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_many`](Self::acquire_many).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire_many`](Self::acquire_many).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokio::time::Instant;
+    /// use tokio_ratelimit::{Funnel, Rate};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let funnel = Funnel::builder().rate(Rate::per_second(10)).capacity(1).build().unwrap();
+    /// let start = Instant::now();
+    /// let held = funnel.reserve(1).await.unwrap(); // the funnel starts empty
+    /// assert_eq!(funnel.level(), 1);
+    /// drop(held); // the work did not happen: the unit comes back out
+    /// assert_eq!(funnel.level(), 0);
+    /// funnel.reserve(1).await.unwrap().commit(); // at once again
+    /// funnel.acquire().await.unwrap(); // once the committed unit has leaked
+    /// assert_eq!(start.elapsed(), Duration::from_millis(100));
+    /// # }
+    /// ```
+    pub async fn reserve(&self, n: u32) -> Result<Reservation, AcquireError> {
+        self.engine.reserve(n).await
+    }
+
+    /// The funnel's counters (units granted, requests refused) and its
+    /// state now (callers waiting, units that could be poured).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokio_ratelimit::{Funnel, Rate};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let funnel = Funnel::builder().rate(Rate::per_second(10)).capacity(2).build().unwrap();
+    /// funnel.try_acquire_many(2).unwrap();
+    /// assert!(funnel.try_acquire().is_err());
+    /// let stats = funnel.stats();
+    /// assert_eq!((stats.granted, stats.refused, stats.waiting), (2, 1, 0));
+    /// assert_eq!(stats.available, Some(0));
+    /// tokio::time::sleep(Duration::from_millis(100)).await;
+    /// assert_eq!(funnel.stats().available, Some(1)); // one unit has leaked
+    /// # }
+    /// ```
+    pub fn stats(&self) -> Stats {
+        self.engine.stats()
+    }
+
+    /// Whether this handle is the only one and the funnel is in the state
+    /// of a newly built one (empty, nobody waiting): dropping it and
+    /// building a new one would change nothing.
+    /// [`Keyed`](crate::keyed::Keyed) evicts such keys.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokio_ratelimit::{Funnel, Rate};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let funnel = Funnel::builder().rate(Rate::per_second(10)).capacity(1).build().unwrap();
+    /// assert!(funnel.is_fresh());
+    /// funnel.try_acquire().unwrap();
+    /// assert!(!funnel.is_fresh()); // one unit in it
+    /// tokio::time::sleep(Duration::from_millis(100)).await;
+    /// assert!(funnel.is_fresh()); // leaked out
+    /// let other = funnel.clone();
+    /// assert!(!funnel.is_fresh()); // `other` shares it
+    /// # drop(other);
+    /// # }
+    /// ```
+    pub fn is_fresh(&self) -> bool {
+        Arc::strong_count(&self.engine) == 1 && self.engine.is_fresh()
+    }
 }
 
-bucket_handle!(Funnel, "funnel", "empty");
+impl fmt::Debug for Funnel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.engine.fmt(f)
+    }
+}
+
+impl_limiter!(Funnel);

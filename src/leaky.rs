@@ -14,12 +14,14 @@
 //! channel (where the actor learns of the drop only when it reaches it)
 //! cannot offer.
 
+use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::algorithm::{Params, Release};
-use crate::engine::{Engine, Kind, Setup, bucket_handle};
-use crate::{AcquireError, ConfigError, Rate, TryAcquireError};
+use crate::engine::{Engine, Kind, Setup};
+use crate::limiter::impl_limiter;
+use crate::{AcquireError, ConfigError, Rate, Reservation, Stats, TryAcquireError};
 
 /// A leaky bucket: holds up to `capacity` units of water and drains at
 /// `rate`, as a meter and as a shaper over one shared water level.
@@ -208,6 +210,147 @@ impl LeakyBucket {
     pub fn waiting(&self) -> usize {
         self.engine.waiting()
     }
+
+    /// How many units of water the bucket holds: the largest request, and
+    /// at most this many shaped requests wait at once.
+    pub fn capacity(&self) -> u32 {
+        self.engine.capacity()
+    }
+
+    /// Closes the bucket: every shaped request still waiting and every
+    /// later call fails with `Closed`, and the actor that releases the
+    /// queue ends. Closing twice does nothing more.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokio::time::Instant;
+    /// use tokio_ratelimit::{AcquireError, LeakyBucket, Rate, TryAcquireError};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let bucket = LeakyBucket::builder().rate(Rate::per_second(1)).capacity(2).build().unwrap();
+    /// let start = Instant::now();
+    /// bucket.acquire().await.unwrap(); // into an idle bucket: at once
+    /// let waiter = tokio::spawn({
+    ///     let bucket = bucket.clone();
+    ///     async move { bucket.acquire().await }
+    /// });
+    /// tokio::task::yield_now().await; // the second request waits 1 s to come out
+    /// bucket.close();
+    /// assert!(bucket.is_closed());
+    /// assert_eq!(waiter.await.unwrap(), Err(AcquireError::Closed));
+    /// assert_eq!(start.elapsed(), Duration::ZERO); // failed at once, not after 1 s
+    /// assert_eq!(bucket.try_acquire(), Err(TryAcquireError::Closed));
+    /// # }
+    /// ```
+    pub fn close(&self) {
+        self.engine.close();
+    }
+
+    /// Whether [`close`](Self::close) has been called on this bucket (see
+    /// its example).
+    pub fn is_closed(&self) -> bool {
+        self.engine.is_closed()
+    }
+
+    /// Pours `n` units and waits like [`acquire_many`](Self::acquire_many),
+    /// and holds them: [`Reservation::commit`](crate::Reservation::commit)
+    /// spends them; dropping the reservation takes back out of the bucket
+    /// the part of its water not yet drained and moves every later
+    /// reservation forward.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_many`](Self::acquire_many).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire_many`](Self::acquire_many).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokio::time::Instant;
+    /// use tokio_ratelimit::{LeakyBucket, Rate};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let bucket = LeakyBucket::builder().rate(Rate::per_second(10)).capacity(2).build().unwrap();
+    /// let start = Instant::now();
+    /// let held = bucket.reserve(1).await.unwrap(); // into an idle bucket: at once
+    /// assert_eq!(bucket.level(), 1);
+    /// drop(held); // the work did not happen: its water comes back out
+    /// assert_eq!(bucket.level(), 0);
+    /// bucket.reserve(1).await.unwrap().commit(); // at once again
+    /// bucket.acquire().await.unwrap(); // after the committed unit has drained
+    /// assert_eq!(start.elapsed(), Duration::from_millis(100));
+    /// # }
+    /// ```
+    pub async fn reserve(&self, n: u32) -> Result<Reservation, AcquireError> {
+        self.engine.reserve(n).await
+    }
+
+    /// The bucket's counters (units granted, requests refused, overflows
+    /// included) and its state now (shaped requests waiting, free room).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokio_ratelimit::{AcquireError, LeakyBucket, Rate};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let bucket = LeakyBucket::builder().rate(Rate::per_second(10)).capacity(2).build().unwrap();
+    /// bucket.try_acquire_many(2).unwrap(); // the meter fills the bucket
+    /// assert_eq!(bucket.acquire().await, Err(AcquireError::Overflow));
+    /// let stats = bucket.stats();
+    /// assert_eq!((stats.granted, stats.refused, stats.waiting), (2, 1, 0));
+    /// assert_eq!(stats.available, Some(0));
+    /// tokio::time::sleep(Duration::from_millis(100)).await;
+    /// assert_eq!(bucket.stats().available, Some(1)); // one unit has drained
+    /// # }
+    /// ```
+    pub fn stats(&self) -> Stats {
+        self.engine.stats()
+    }
+
+    /// Whether this handle is the only one and the bucket is in the state
+    /// of a newly built one (empty, nobody waiting): dropping it and
+    /// building a new one would change nothing.
+    /// [`Keyed`](crate::keyed::Keyed) evicts such keys.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokio_ratelimit::{LeakyBucket, Rate};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let bucket = LeakyBucket::builder().rate(Rate::per_second(10)).capacity(1).build().unwrap();
+    /// assert!(bucket.is_fresh());
+    /// bucket.try_acquire().unwrap();
+    /// assert!(!bucket.is_fresh()); // one unit of water in it
+    /// tokio::time::sleep(Duration::from_millis(100)).await;
+    /// assert!(bucket.is_fresh()); // drained
+    /// let other = bucket.clone();
+    /// assert!(!bucket.is_fresh()); // `other` shares it
+    /// # drop(other);
+    /// # }
+    /// ```
+    pub fn is_fresh(&self) -> bool {
+        Arc::strong_count(&self.engine) == 1 && self.engine.is_fresh()
+    }
 }
 
-bucket_handle!(LeakyBucket, "bucket", "empty");
+impl fmt::Debug for LeakyBucket {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.engine.fmt(f)
+    }
+}
+
+impl_limiter!(LeakyBucket);

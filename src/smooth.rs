@@ -350,7 +350,320 @@ impl SmoothBursty {
     pub fn builder() -> SmoothBurstyBuilder {
         SmoothBurstyBuilder::default()
     }
+    /// Waits for one permit from the bursty limiter. See
+    /// [`acquire_many`](Self::acquire_many).
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_many`](Self::acquire_many).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire_many`](Self::acquire_many).
+    pub async fn acquire(&self) -> Result<(), AcquireError> {
+        self.core.acquire(1, None).await
+    }
+
+    /// Guava's `acquire(n)` on the bursty limiter: reserves `n` permits and
+    /// waits until the debt of the requests before it is paid; this request's
+    /// own cost is paid by the next one. `n = 0` succeeds at once.
+    ///
+    /// # Errors
+    ///
+    /// [`AcquireError::Closed`], before or while waiting. Never
+    /// `InsufficientCapacity`: any `n` is granted, and paid later.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future before it resolves gives up its turn. If its
+    /// reservation is still the latest change to the limiter (nothing was
+    /// reserved and the rate was not changed after it), the reservation is
+    /// withdrawn and the limiter is exactly as if the call had never been
+    /// made. Otherwise the calls after it were already priced on top of its
+    /// debt: the part of its cost not yet elapsed is given back, and every
+    /// waiter after it moves up by as much (the stored permits it spent
+    /// stay spent).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokio::time::Instant;
+    /// use tokio_ratelimit::SmoothBursty;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = SmoothBursty::builder().permits_per_second(10.0).build().unwrap();
+    /// let start = Instant::now();
+    /// limiter.acquire_many(1).await?; // the first request is free
+    /// limiter.acquire_many(3).await?; // waits for the first one's cost
+    /// assert_eq!(start.elapsed(), Duration::from_millis(100));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn acquire_many(&self, n: u32) -> Result<(), AcquireError> {
+        self.core.acquire(n, None).await
+    }
+
+    /// Guava's `tryAcquire(n, timeout)` on the bursty limiter: reserves `n`
+    /// permits if the debt of the requests before it is paid within `timeout`
+    /// (inclusive), and waits for it; otherwise fails at once, changing
+    /// nothing. `Duration::MAX` waits as long as it takes.
+    ///
+    /// # Errors
+    ///
+    /// [`AcquireError::Timeout`] at once when the wait would be longer than
+    /// `timeout`; [`AcquireError::Closed`], before or while waiting.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire_many`](Self::acquire_many).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokio_ratelimit::{AcquireError, SmoothBursty};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let ms = Duration::from_millis;
+    /// let limiter = SmoothBursty::builder().permits_per_second(10.0).build().unwrap();
+    /// limiter.acquire().await.unwrap();
+    /// let debt = ms(100);
+    /// assert_eq!(limiter.acquire_timeout(1, debt - ms(1)).await, Err(AcquireError::Timeout));
+    /// assert_eq!(limiter.acquire_timeout(1, debt).await, Ok(()));
+    /// # }
+    /// ```
+    pub async fn acquire_timeout(&self, n: u32, timeout: Duration) -> Result<(), AcquireError> {
+        self.core.acquire(n, Some(timeout)).await
+    }
+
+    /// Takes one permit from the bursty limiter if there is no debt now. See
+    /// [`try_acquire_many`](Self::try_acquire_many).
+    ///
+    /// # Errors
+    ///
+    /// As [`try_acquire_many`](Self::try_acquire_many).
+    pub fn try_acquire(&self) -> Result<(), TryAcquireError> {
+        self.core.try_acquire(1)
+    }
+
+    /// Guava's `tryAcquire(n)` (no timeout) on the bursty limiter: takes `n`
+    /// permits if the debt of earlier requests is paid now, whatever `n` is
+    /// (the next request pays for them). `n = 0` succeeds at once.
+    ///
+    /// # Errors
+    ///
+    /// [`TryAcquireError::Limited`] with the exact time until the debt is
+    /// paid (nothing changes); [`TryAcquireError::Closed`]. Never
+    /// `InsufficientCapacity`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokio_ratelimit::{SmoothBursty, TryAcquireError};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let limiter = SmoothBursty::builder().permits_per_second(10.0).build().unwrap();
+    /// assert_eq!(limiter.try_acquire_many(1), Ok(()));
+    /// assert_eq!(
+    ///     limiter.try_acquire_many(1),
+    ///     Err(TryAcquireError::Limited { retry_after: Duration::from_millis(100) })
+    /// );
+    /// # }
+    /// ```
+    pub fn try_acquire_many(&self, n: u32) -> Result<(), TryAcquireError> {
+        self.core.try_acquire(n)
+    }
+
+    /// Guava's `setRate` on the bursty limiter: changes the stable rate from
+    /// now on.
+    ///
+    /// Idle time up to now is credited at the old rate; the debt already
+    /// incurred (and so the wait of every current waiter) is unchanged;
+    /// stored permits are rescaled in proportion, so a full limiter stays
+    /// full and a cold one stays as cold.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::InvalidRate`] for a rate that is NaN, infinite, not
+    /// positive or above 10⁹/s; the limiter is then unchanged.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokio_ratelimit::SmoothBursty;
+    ///
+    /// let limiter = SmoothBursty::builder().permits_per_second(10.0).build().unwrap();
+    /// limiter.set_rate(1000.0).unwrap();
+    /// assert_eq!(limiter.rate(), 1000.0);
+    /// assert!(limiter.set_rate(f64::NAN).is_err());
+    /// ```
+    pub fn set_rate(&self, permits_per_second: f64) -> Result<(), ConfigError> {
+        self.core.set_rate(permits_per_second)
+    }
+
+    /// Closes the bursty limiter: sleeping waiters and later calls fail with
+    /// `Closed`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokio_ratelimit::{SmoothBursty, TryAcquireError};
+    ///
+    /// let limiter = SmoothBursty::builder().permits_per_second(10.0).build().unwrap();
+    /// limiter.close();
+    /// assert!(limiter.is_closed());
+    /// assert_eq!(limiter.try_acquire(), Err(TryAcquireError::Closed));
+    /// ```
+    pub fn close(&self) {
+        self.core.close();
+    }
+
+    /// Whether [`close`](Self::close) has been called on the bursty limiter
+    /// (see its example).
+    pub fn is_closed(&self) -> bool {
+        self.core.is_closed()
+    }
+
+    /// The stable rate of the bursty limiter, in permits per second (see
+    /// [`set_rate`](Self::set_rate)).
+    pub fn rate(&self) -> f64 {
+        self.core.lock().state.rate()
+    }
+
+    /// The free permits stored now: idle time banked at the stable rate,
+    /// up to `permits_per_second × max_burst`, and spent before anyone
+    /// waits (see [`SmoothState::stored_permits`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokio_ratelimit::SmoothBursty;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let limiter = SmoothBursty::builder().permits_per_second(10.0).build().unwrap();
+    /// let before = limiter.stored_permits();
+    /// limiter.acquire().await.unwrap();
+    /// tokio::time::sleep(Duration::from_secs(100)).await;
+    /// assert!(limiter.stored_permits() >= before);
+    /// # }
+    /// ```
+    pub fn stored_permits(&self) -> f64 {
+        self.core.stored_permits()
+    }
+
+    /// Waits for `n` permits from the bursty limiter like
+    /// [`acquire_many`](Self::acquire_many) and holds them:
+    /// [`Reservation::commit`] spends them; dropping the reservation
+    /// withdraws it entirely if nothing was reserved after it, and otherwise
+    /// gives back the part of its cost not yet elapsed, moving the waiters
+    /// after it up by as much.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_many`](Self::acquire_many).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire_many`](Self::acquire_many).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokio::time::Instant;
+    /// use tokio_ratelimit::SmoothBursty;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let limiter = SmoothBursty::builder().permits_per_second(10.0).build().unwrap();
+    /// let start = Instant::now();
+    /// let held = limiter.reserve(1).await.unwrap(); // the first request is free
+    /// drop(held); // nothing reserved after it: withdrawn, as if never made
+    /// limiter.reserve(1).await.unwrap().commit(); // so this one is the free first
+    /// assert_eq!(start.elapsed(), Duration::ZERO);
+    /// limiter.acquire().await.unwrap(); // pays for the committed one
+    /// assert_eq!(start.elapsed(), Duration::from_millis(100));
+    /// # }
+    /// ```
+    pub async fn reserve(&self, n: u32) -> Result<Reservation, AcquireError> {
+        self.core.reserve(n).await
+    }
+
+    /// The counters of the bursty limiter (permits granted, requests refused)
+    /// and the callers waiting now; no `available` figure: a smooth limiter
+    /// lets any request through and makes the next one pay.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokio_ratelimit::SmoothBursty;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let limiter = SmoothBursty::builder().permits_per_second(10.0).build().unwrap();
+    /// limiter.acquire_many(2).await.unwrap(); // free; the next request pays for it
+    /// assert!(limiter.try_acquire().is_err());
+    /// let stats = limiter.stats();
+    /// assert_eq!((stats.granted, stats.refused, stats.waiting), (2, 1, 0));
+    /// assert_eq!(stats.available, None);
+    /// # }
+    /// ```
+    pub fn stats(&self) -> Stats {
+        self.core.stats()
+    }
+
+    /// Whether this handle is the only one and the limiter is in the
+    /// state of a newly built one, so that dropping it and building a new
+    /// one would change nothing; [`Keyed`](crate::keyed::Keyed) evicts such
+    /// keys. A bursty limiter starts with no stored permits but stores them
+    /// while idle, so it is fresh only with a zero `max_burst` (and nothing
+    /// owed).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokio_ratelimit::SmoothBursty;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let limiter = SmoothBursty::builder()
+    ///     .permits_per_second(10.0)
+    ///     .max_burst(Duration::ZERO)
+    ///     .build()
+    ///     .unwrap();
+    /// assert!(limiter.is_fresh());
+    /// limiter.acquire().await.unwrap();
+    /// assert!(!limiter.is_fresh()); // the next request owes 100 ms
+    /// tokio::time::sleep(Duration::from_millis(100)).await;
+    /// assert!(limiter.is_fresh());
+    /// let other = limiter.clone();
+    /// assert!(!limiter.is_fresh()); // `other` shares it
+    /// # drop(other);
+    /// # }
+    /// ```
+    pub fn is_fresh(&self) -> bool {
+        Arc::strong_count(&self.core) == 1 && self.core.is_fresh()
+    }
 }
+
+impl fmt::Debug for SmoothBursty {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.core.fmt(f)
+    }
+}
+
+impl_limiter!(SmoothBursty);
 
 impl SmoothWarmingUp {
     /// A builder; [`permits_per_second`](SmoothWarmingUpBuilder::permits_per_second)
@@ -358,280 +671,322 @@ impl SmoothWarmingUp {
     pub fn builder() -> SmoothWarmingUpBuilder {
         SmoothWarmingUpBuilder::default()
     }
+    /// Waits for one permit from the warm-up limiter. See
+    /// [`acquire_many`](Self::acquire_many).
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_many`](Self::acquire_many).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire_many`](Self::acquire_many).
+    pub async fn acquire(&self) -> Result<(), AcquireError> {
+        self.core.acquire(1, None).await
+    }
+
+    /// Guava's `acquire(n)` on the warm-up limiter: reserves `n` permits and
+    /// waits until the debt of the requests before it is paid; this request's
+    /// own cost is paid by the next one. `n = 0` succeeds at once.
+    ///
+    /// # Errors
+    ///
+    /// [`AcquireError::Closed`], before or while waiting. Never
+    /// `InsufficientCapacity`: any `n` is granted, and paid later.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future before it resolves gives up its turn. If its
+    /// reservation is still the latest change to the limiter (nothing was
+    /// reserved and the rate was not changed after it), the reservation is
+    /// withdrawn and the limiter is exactly as if the call had never been
+    /// made. Otherwise the calls after it were already priced on top of its
+    /// debt: the part of its cost not yet elapsed is given back, and every
+    /// waiter after it moves up by as much (the stored permits it spent
+    /// stay spent).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokio::time::Instant;
+    /// use tokio_ratelimit::SmoothWarmingUp;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = SmoothWarmingUp::builder().permits_per_second(10.0).warmup(Duration::from_secs(1)).build().unwrap();
+    /// let start = Instant::now();
+    /// limiter.acquire_many(1).await?; // the first request is free
+    /// limiter.acquire_many(3).await?; // waits for the first one's cost
+    /// assert_eq!(start.elapsed(), Duration::from_millis(280));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn acquire_many(&self, n: u32) -> Result<(), AcquireError> {
+        self.core.acquire(n, None).await
+    }
+
+    /// Guava's `tryAcquire(n, timeout)` on the warm-up limiter: reserves `n`
+    /// permits if the debt of the requests before it is paid within `timeout`
+    /// (inclusive), and waits for it; otherwise fails at once, changing
+    /// nothing. `Duration::MAX` waits as long as it takes.
+    ///
+    /// # Errors
+    ///
+    /// [`AcquireError::Timeout`] at once when the wait would be longer than
+    /// `timeout`; [`AcquireError::Closed`], before or while waiting.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire_many`](Self::acquire_many).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokio_ratelimit::{AcquireError, SmoothWarmingUp};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let ms = Duration::from_millis;
+    /// let limiter = SmoothWarmingUp::builder().permits_per_second(10.0).warmup(Duration::from_secs(1)).build().unwrap();
+    /// limiter.acquire().await.unwrap();
+    /// let debt = ms(280);
+    /// assert_eq!(limiter.acquire_timeout(1, debt - ms(1)).await, Err(AcquireError::Timeout));
+    /// assert_eq!(limiter.acquire_timeout(1, debt).await, Ok(()));
+    /// # }
+    /// ```
+    pub async fn acquire_timeout(&self, n: u32, timeout: Duration) -> Result<(), AcquireError> {
+        self.core.acquire(n, Some(timeout)).await
+    }
+
+    /// Takes one permit from the warm-up limiter if there is no debt now. See
+    /// [`try_acquire_many`](Self::try_acquire_many).
+    ///
+    /// # Errors
+    ///
+    /// As [`try_acquire_many`](Self::try_acquire_many).
+    pub fn try_acquire(&self) -> Result<(), TryAcquireError> {
+        self.core.try_acquire(1)
+    }
+
+    /// Guava's `tryAcquire(n)` (no timeout) on the warm-up limiter: takes `n`
+    /// permits if the debt of earlier requests is paid now, whatever `n` is
+    /// (the next request pays for them). `n = 0` succeeds at once.
+    ///
+    /// # Errors
+    ///
+    /// [`TryAcquireError::Limited`] with the exact time until the debt is
+    /// paid (nothing changes); [`TryAcquireError::Closed`]. Never
+    /// `InsufficientCapacity`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokio_ratelimit::{SmoothWarmingUp, TryAcquireError};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let limiter = SmoothWarmingUp::builder().permits_per_second(10.0).warmup(Duration::from_secs(1)).build().unwrap();
+    /// assert_eq!(limiter.try_acquire_many(1), Ok(()));
+    /// assert_eq!(
+    ///     limiter.try_acquire_many(1),
+    ///     Err(TryAcquireError::Limited { retry_after: Duration::from_millis(280) })
+    /// );
+    /// # }
+    /// ```
+    pub fn try_acquire_many(&self, n: u32) -> Result<(), TryAcquireError> {
+        self.core.try_acquire(n)
+    }
+
+    /// Guava's `setRate` on the warm-up limiter: changes the stable rate from
+    /// now on.
+    ///
+    /// Idle time up to now is credited at the old rate; the debt already
+    /// incurred (and so the wait of every current waiter) is unchanged;
+    /// stored permits are rescaled in proportion, so a full limiter stays
+    /// full and a cold one stays as cold.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::InvalidRate`] for a rate that is NaN, infinite, not
+    /// positive or above 10⁹/s; the limiter is then unchanged.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokio_ratelimit::SmoothWarmingUp;
+    ///
+    /// let limiter = SmoothWarmingUp::builder().permits_per_second(10.0).warmup(Duration::from_secs(1)).build().unwrap();
+    /// limiter.set_rate(1000.0).unwrap();
+    /// assert_eq!(limiter.rate(), 1000.0);
+    /// assert!(limiter.set_rate(f64::NAN).is_err());
+    /// ```
+    pub fn set_rate(&self, permits_per_second: f64) -> Result<(), ConfigError> {
+        self.core.set_rate(permits_per_second)
+    }
+
+    /// Closes the warm-up limiter: sleeping waiters and later calls fail with
+    /// `Closed`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokio_ratelimit::{SmoothWarmingUp, TryAcquireError};
+    ///
+    /// let limiter = SmoothWarmingUp::builder().permits_per_second(10.0).warmup(Duration::from_secs(1)).build().unwrap();
+    /// limiter.close();
+    /// assert!(limiter.is_closed());
+    /// assert_eq!(limiter.try_acquire(), Err(TryAcquireError::Closed));
+    /// ```
+    pub fn close(&self) {
+        self.core.close();
+    }
+
+    /// Whether [`close`](Self::close) has been called on the warm-up limiter
+    /// (see its example).
+    pub fn is_closed(&self) -> bool {
+        self.core.is_closed()
+    }
+
+    /// The stable rate of the warm-up limiter, in permits per second (see
+    /// [`set_rate`](Self::set_rate)).
+    pub fn rate(&self) -> f64 {
+        self.core.lock().state.rate()
+    }
+
+    /// The cold permits stored now: a newly built limiter holds all of
+    /// them, using it spends them (each costing more than the stable
+    /// interval), idling stores them again (see
+    /// [`SmoothState::stored_permits`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokio_ratelimit::SmoothWarmingUp;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let limiter = SmoothWarmingUp::builder().permits_per_second(10.0).warmup(Duration::from_secs(1)).build().unwrap();
+    /// let before = limiter.stored_permits();
+    /// limiter.acquire().await.unwrap();
+    /// tokio::time::sleep(Duration::from_secs(100)).await;
+    /// assert!(limiter.stored_permits() >= before);
+    /// # }
+    /// ```
+    pub fn stored_permits(&self) -> f64 {
+        self.core.stored_permits()
+    }
+
+    /// Waits for `n` permits from the warm-up limiter like
+    /// [`acquire_many`](Self::acquire_many) and holds them:
+    /// [`Reservation::commit`] spends them; dropping the reservation
+    /// withdraws it entirely if nothing was reserved after it, and otherwise
+    /// gives back the part of its cost not yet elapsed, moving the waiters
+    /// after it up by as much.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_many`](Self::acquire_many).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire_many`](Self::acquire_many).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokio::time::Instant;
+    /// use tokio_ratelimit::SmoothWarmingUp;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let limiter = SmoothWarmingUp::builder().permits_per_second(10.0).warmup(Duration::from_secs(1)).build().unwrap();
+    /// let start = Instant::now();
+    /// let held = limiter.reserve(1).await.unwrap(); // the first request is free
+    /// drop(held); // nothing reserved after it: withdrawn, as if never made
+    /// limiter.reserve(1).await.unwrap().commit(); // so this one is the free first
+    /// assert_eq!(start.elapsed(), Duration::ZERO);
+    /// limiter.acquire().await.unwrap(); // pays for the committed one
+    /// assert_eq!(start.elapsed(), Duration::from_millis(280));
+    /// # }
+    /// ```
+    pub async fn reserve(&self, n: u32) -> Result<Reservation, AcquireError> {
+        self.core.reserve(n).await
+    }
+
+    /// The counters of the warm-up limiter (permits granted, requests refused)
+    /// and the callers waiting now; no `available` figure: a smooth limiter
+    /// lets any request through and makes the next one pay.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokio_ratelimit::SmoothWarmingUp;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let limiter = SmoothWarmingUp::builder().permits_per_second(10.0).warmup(Duration::from_secs(1)).build().unwrap();
+    /// limiter.acquire_many(2).await.unwrap(); // free; the next request pays for it
+    /// assert!(limiter.try_acquire().is_err());
+    /// let stats = limiter.stats();
+    /// assert_eq!((stats.granted, stats.refused, stats.waiting), (2, 1, 0));
+    /// assert_eq!(stats.available, None);
+    /// # }
+    /// ```
+    pub fn stats(&self) -> Stats {
+        self.core.stats()
+    }
+
+    /// Whether this handle is the only one and the limiter is in the
+    /// state of a newly built one, so that dropping it and building a new
+    /// one would change nothing; [`Keyed`](crate::keyed::Keyed) evicts such
+    /// keys. A warm-up limiter is fresh once it has cooled down completely
+    /// and owes nothing.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokio_ratelimit::SmoothWarmingUp;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let limiter = SmoothWarmingUp::builder()
+    ///     .permits_per_second(10.0)
+    ///     .warmup(Duration::from_secs(1))
+    ///     .build()
+    ///     .unwrap();
+    /// assert!(limiter.is_fresh()); // built cold
+    /// limiter.acquire().await.unwrap();
+    /// assert!(!limiter.is_fresh()); // owes the first request's cost
+    /// tokio::time::sleep(Duration::from_millis(280)).await;
+    /// assert!(!limiter.is_fresh()); // owes nothing, but one cold permit is spent
+    /// tokio::time::sleep(Duration::from_millis(100)).await; // warm-up / max permits
+    /// assert!(limiter.is_fresh()); // cold again
+    /// let other = limiter.clone();
+    /// assert!(!limiter.is_fresh()); // `other` shares it
+    /// # drop(other);
+    /// # }
+    /// ```
+    pub fn is_fresh(&self) -> bool {
+        Arc::strong_count(&self.core) == 1 && self.core.is_fresh()
+    }
 }
 
-/// The methods both handles share. `$build` builds a limiter whose first
-/// request is free and whose second waits `$second` ms.
-macro_rules! smooth_handle {
-    ($ty:ident, $build:literal, $second:literal) => {
-        impl $ty {
-            /// Waits for one permit. See [`acquire_many`](Self::acquire_many).
-            ///
-            /// # Errors
-            ///
-            /// As [`acquire_many`](Self::acquire_many).
-            ///
-            /// # Cancel safety
-            ///
-            /// As [`acquire_many`](Self::acquire_many).
-            pub async fn acquire(&self) -> Result<(), AcquireError> {
-                self.core.acquire(1, None).await
-            }
-
-            /// Guava's `acquire(n)`: reserves `n` permits and waits until the
-            /// debt of the requests before it is paid; this request's own
-            /// cost is paid by the next one. `n = 0` succeeds at once.
-            ///
-            /// # Errors
-            ///
-            /// [`AcquireError::Closed`], before or while waiting. Never
-            /// `InsufficientCapacity`: any `n` is granted, and paid later.
-            ///
-            /// # Cancel safety
-            ///
-            /// Dropping the future before it resolves gives up its turn. If
-            /// its reservation is still the latest change to the limiter
-            /// (nothing was reserved and the rate was not changed after
-            /// it), the reservation is withdrawn and the limiter is exactly
-            /// as if the call had never been made. Otherwise the calls after
-            /// it were already priced on top of its debt: the part of its
-            /// cost not yet elapsed is given back, and every waiter after
-            /// it moves up by as much (the stored permits it spent stay
-            /// spent).
-            ///
-            /// # Examples
-            ///
-            /// ```
-            /// use std::time::Duration;
-            /// use tokio::time::Instant;
-            #[doc = concat!("use tokio_ratelimit::", stringify!($ty), ";")]
-            ///
-            /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
-            /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-            #[doc = concat!("let limiter = ", $build, ";")]
-            /// let start = Instant::now();
-            /// limiter.acquire_many(1).await?; // the first request is free
-            /// limiter.acquire_many(3).await?; // waits for the first one's cost
-            #[doc = concat!("assert_eq!(start.elapsed(), Duration::from_millis(", $second, "));")]
-            /// # Ok(())
-            /// # }
-            /// ```
-            pub async fn acquire_many(&self, n: u32) -> Result<(), AcquireError> {
-                self.core.acquire(n, None).await
-            }
-
-            /// Guava's `tryAcquire(n, timeout)`: reserves `n` permits if the
-            /// debt of the requests before it is paid within `timeout`
-            /// (inclusive), and waits for it; otherwise fails at once,
-            /// changing nothing. `Duration::MAX` waits as long as it takes.
-            ///
-            /// # Errors
-            ///
-            /// [`AcquireError::Timeout`] at once when the wait would be
-            /// longer than `timeout`; [`AcquireError::Closed`], before or
-            /// while waiting.
-            ///
-            /// # Cancel safety
-            ///
-            /// As [`acquire_many`](Self::acquire_many).
-            ///
-            /// # Examples
-            ///
-            /// ```
-            /// use std::time::Duration;
-            #[doc = concat!("use tokio_ratelimit::{AcquireError, ", stringify!($ty), "};")]
-            ///
-            /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
-            /// # async fn main() {
-            /// let ms = Duration::from_millis;
-            #[doc = concat!("let limiter = ", $build, ";")]
-            /// limiter.acquire().await.unwrap();
-            #[doc = concat!("let debt = ms(", $second, ");")]
-            /// assert_eq!(limiter.acquire_timeout(1, debt - ms(1)).await, Err(AcquireError::Timeout));
-            /// assert_eq!(limiter.acquire_timeout(1, debt).await, Ok(()));
-            /// # }
-            /// ```
-            pub async fn acquire_timeout(&self, n: u32, timeout: Duration) -> Result<(), AcquireError> {
-                self.core.acquire(n, Some(timeout)).await
-            }
-
-            /// Takes one permit if there is no debt now. See
-            /// [`try_acquire_many`](Self::try_acquire_many).
-            ///
-            /// # Errors
-            ///
-            /// As [`try_acquire_many`](Self::try_acquire_many).
-            pub fn try_acquire(&self) -> Result<(), TryAcquireError> {
-                self.core.try_acquire(1)
-            }
-
-            /// Guava's `tryAcquire(n)` (no timeout): takes `n` permits if the
-            /// debt of earlier requests is paid now, whatever `n` is (the
-            /// next request pays for them). `n = 0` succeeds at once.
-            ///
-            /// # Errors
-            ///
-            /// [`TryAcquireError::Limited`] with the exact time until the
-            /// debt is paid (nothing changes); [`TryAcquireError::Closed`].
-            /// Never `InsufficientCapacity`.
-            ///
-            /// # Examples
-            ///
-            /// ```
-            /// use std::time::Duration;
-            #[doc = concat!("use tokio_ratelimit::{", stringify!($ty), ", TryAcquireError};")]
-            ///
-            /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
-            /// # async fn main() {
-            #[doc = concat!("let limiter = ", $build, ";")]
-            /// assert_eq!(limiter.try_acquire_many(1), Ok(()));
-            /// assert_eq!(
-            ///     limiter.try_acquire_many(1),
-            #[doc = concat!("    Err(TryAcquireError::Limited { retry_after: Duration::from_millis(", $second, ") })")]
-            /// );
-            /// # }
-            /// ```
-            pub fn try_acquire_many(&self, n: u32) -> Result<(), TryAcquireError> {
-                self.core.try_acquire(n)
-            }
-
-            /// Guava's `setRate`: changes the stable rate from now on.
-            ///
-            /// Idle time up to now is credited at the old rate; the debt
-            /// already incurred (and so the wait of every current waiter)
-            /// is unchanged; stored permits are rescaled in proportion, so a
-            /// full limiter stays full and a cold one stays as cold.
-            ///
-            /// # Errors
-            ///
-            /// [`ConfigError::InvalidRate`] for a rate that is NaN,
-            /// infinite, not positive or above 10⁹/s; the limiter is then
-            /// unchanged.
-            ///
-            /// # Examples
-            ///
-            /// ```
-            /// use std::time::Duration;
-            #[doc = concat!("use tokio_ratelimit::", stringify!($ty), ";")]
-            ///
-            #[doc = concat!("let limiter = ", $build, ";")]
-            /// limiter.set_rate(1000.0).unwrap();
-            /// assert_eq!(limiter.rate(), 1000.0);
-            /// assert!(limiter.set_rate(f64::NAN).is_err());
-            /// ```
-            pub fn set_rate(&self, permits_per_second: f64) -> Result<(), ConfigError> {
-                self.core.set_rate(permits_per_second)
-            }
-
-            /// Closes the limiter: sleeping waiters and later calls fail
-            /// with `Closed`.
-            ///
-            /// # Examples
-            ///
-            /// ```
-            /// use std::time::Duration;
-            #[doc = concat!("use tokio_ratelimit::{", stringify!($ty), ", TryAcquireError};")]
-            ///
-            #[doc = concat!("let limiter = ", $build, ";")]
-            /// limiter.close();
-            /// assert!(limiter.is_closed());
-            /// assert_eq!(limiter.try_acquire(), Err(TryAcquireError::Closed));
-            /// ```
-            pub fn close(&self) {
-                self.core.close();
-            }
-
-            /// Whether [`close`](Self::close) has been called (see its
-            /// example).
-            pub fn is_closed(&self) -> bool {
-                self.core.is_closed()
-            }
-
-            /// The stable rate, in permits per second (see
-            /// [`set_rate`](Self::set_rate)).
-            pub fn rate(&self) -> f64 {
-                self.core.lock().state.rate()
-            }
-
-            /// The permits stored now: free ones for a bursty limiter, cold
-            /// ones for a warm-up limiter (see
-            /// [`SmoothState::stored_permits`]).
-            ///
-            /// # Examples
-            ///
-            /// ```
-            /// use std::time::Duration;
-            #[doc = concat!("use tokio_ratelimit::", stringify!($ty), ";")]
-            ///
-            /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
-            /// # async fn main() {
-            #[doc = concat!("let limiter = ", $build, ";")]
-            /// let before = limiter.stored_permits();
-            /// limiter.acquire().await.unwrap();
-            /// tokio::time::sleep(Duration::from_secs(100)).await;
-            /// assert!(limiter.stored_permits() >= before);
-            /// # }
-            /// ```
-            pub fn stored_permits(&self) -> f64 {
-                self.core.stored_permits()
-            }
-
-            /// Waits for `n` permits like [`acquire_many`](Self::acquire_many)
-            /// and holds them: [`Reservation::commit`] spends them; dropping
-            /// the reservation withdraws it entirely if nothing was reserved
-            /// after it, and otherwise gives back the part of its cost not
-            /// yet elapsed, moving the waiters after it up by as much.
-            ///
-            /// # Errors
-            ///
-            /// As [`acquire_many`](Self::acquire_many).
-            ///
-            /// # Cancel safety
-            ///
-            /// As [`acquire_many`](Self::acquire_many).
-            pub async fn reserve(&self, n: u32) -> Result<Reservation, AcquireError> {
-                self.core.reserve(n).await
-            }
-
-            /// Permits granted, requests refused, callers waiting now (no
-            /// `available` figure: a smooth limiter lets any request through
-            /// and makes the next one pay).
-            pub fn stats(&self) -> Stats {
-                self.core.stats()
-            }
-
-            /// Whether this handle is the only one and the limiter is in the
-            /// state of a newly built one, so that dropping it and building a
-            /// new one would change nothing; [`Keyed`](crate::keyed::Keyed)
-            /// evicts such keys. A warm-up limiter is fresh once it has
-            /// cooled down completely and owes nothing; a bursty limiter
-            /// starts with no stored permits but stores them while idle, so
-            /// it is fresh only with a zero `max_burst`.
-            pub fn is_fresh(&self) -> bool {
-                Arc::strong_count(&self.core) == 1 && self.core.is_fresh()
-            }
-        }
-
-        impl fmt::Debug for $ty {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                self.core.fmt(f)
-            }
-        }
-
-        impl_limiter!($ty);
-    };
+impl fmt::Debug for SmoothWarmingUp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.core.fmt(f)
+    }
 }
 
-smooth_handle!(
-    SmoothBursty,
-    "SmoothBursty::builder().permits_per_second(10.0).build().unwrap()",
-    "100"
-);
-smooth_handle!(
-    SmoothWarmingUp,
-    "SmoothWarmingUp::builder().permits_per_second(10.0).warmup(Duration::from_secs(1)).build().unwrap()",
-    "280"
-);
+impl_limiter!(SmoothWarmingUp);
 
 /// The state both handles share.
 struct Core {

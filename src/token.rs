@@ -1,12 +1,14 @@
 //! `TokenBucket`: tokens refill at a rate up to a capacity; callers take
 //! them, waiting in line when there are too few.
 
+use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::algorithm::{Params, Release};
-use crate::engine::{Engine, Kind, Setup, bucket_handle};
-use crate::{AcquireError, ConfigError, Rate, TryAcquireError};
+use crate::engine::{Engine, Kind, Setup};
+use crate::limiter::impl_limiter;
+use crate::{AcquireError, ConfigError, Rate, Reservation, Stats, TryAcquireError};
 
 /// A token bucket: `capacity` tokens, refilled continuously at `rate`.
 ///
@@ -259,6 +261,143 @@ impl TokenBucket {
     pub fn waiting(&self) -> usize {
         self.engine.waiting()
     }
+
+    /// The most tokens the bucket holds: its largest burst and its largest
+    /// single request.
+    pub fn capacity(&self) -> u32 {
+        self.engine.capacity()
+    }
+
+    /// Closes the bucket: every waiter and every later call fails with
+    /// `Closed`, and the refill actor ends. Closing twice does nothing more.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokio::time::Instant;
+    /// use tokio_ratelimit::{AcquireError, Rate, TokenBucket, TryAcquireError};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let bucket = TokenBucket::builder().rate(Rate::per_second(1)).capacity(1).initial(0).build().unwrap();
+    /// let start = Instant::now();
+    /// let waiter = tokio::spawn({
+    ///     let bucket = bucket.clone();
+    ///     async move { bucket.acquire().await }
+    /// });
+    /// tokio::task::yield_now().await; // the waiter queues for a token 1 s away
+    /// bucket.close();
+    /// assert!(bucket.is_closed());
+    /// assert_eq!(waiter.await.unwrap(), Err(AcquireError::Closed));
+    /// assert_eq!(start.elapsed(), Duration::ZERO); // failed at once, not after 1 s
+    /// assert_eq!(bucket.try_acquire(), Err(TryAcquireError::Closed));
+    /// # }
+    /// ```
+    pub fn close(&self) {
+        self.engine.close();
+    }
+
+    /// Whether [`close`](Self::close) has been called on this bucket (see
+    /// its example).
+    pub fn is_closed(&self) -> bool {
+        self.engine.is_closed()
+    }
+
+    /// Waits for `n` tokens like [`acquire_many`](Self::acquire_many) and
+    /// holds them: [`Reservation::commit`](crate::Reservation::commit)
+    /// spends them; dropping the reservation puts back the tokens not yet
+    /// refilled and moves every later reservation forward.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_many`](Self::acquire_many).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire_many`](Self::acquire_many).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokio::time::Instant;
+    /// use tokio_ratelimit::{Rate, TokenBucket};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let bucket = TokenBucket::builder().rate(Rate::per_second(10)).capacity(1).build().unwrap();
+    /// let start = Instant::now();
+    /// let held = bucket.reserve(1).await.unwrap(); // the bucket starts full
+    /// drop(held); // the work did not happen: the token goes back
+    /// bucket.reserve(1).await.unwrap().commit(); // so this one is at once too
+    /// assert_eq!(start.elapsed(), Duration::ZERO);
+    /// bucket.acquire().await.unwrap(); // the committed token is gone
+    /// assert_eq!(start.elapsed(), Duration::from_millis(100));
+    /// # }
+    /// ```
+    pub async fn reserve(&self, n: u32) -> Result<Reservation, AcquireError> {
+        self.engine.reserve(n).await
+    }
+
+    /// The bucket's counters (tokens granted, requests refused) and its
+    /// state now (callers waiting, whole tokens available).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokio_ratelimit::{Rate, TokenBucket};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let bucket = TokenBucket::builder().rate(Rate::per_second(10)).capacity(2).build().unwrap();
+    /// bucket.acquire_many(2).await.unwrap();
+    /// assert!(bucket.try_acquire().is_err());
+    /// let stats = bucket.stats();
+    /// assert_eq!((stats.granted, stats.refused, stats.waiting), (2, 1, 0));
+    /// assert_eq!(stats.available, Some(0));
+    /// tokio::time::sleep(Duration::from_millis(100)).await;
+    /// assert_eq!(bucket.stats().available, Some(1));
+    /// # }
+    /// ```
+    pub fn stats(&self) -> Stats {
+        self.engine.stats()
+    }
+
+    /// Whether this handle is the only one and the bucket is in the state
+    /// of a newly built one (as many tokens as it started with, nobody
+    /// waiting): dropping it and building a new one would change nothing.
+    /// [`Keyed`](crate::keyed::Keyed) evicts such keys.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokio_ratelimit::{Rate, TokenBucket};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let bucket = TokenBucket::builder().rate(Rate::per_second(10)).capacity(1).build().unwrap();
+    /// assert!(bucket.is_fresh());
+    /// bucket.try_acquire().unwrap();
+    /// assert!(!bucket.is_fresh()); // one token short
+    /// tokio::time::sleep(Duration::from_millis(100)).await;
+    /// assert!(bucket.is_fresh()); // full again
+    /// let other = bucket.clone();
+    /// assert!(!bucket.is_fresh()); // `other` shares it
+    /// # drop(other);
+    /// # }
+    /// ```
+    pub fn is_fresh(&self) -> bool {
+        Arc::strong_count(&self.engine) == 1 && self.engine.is_fresh()
+    }
 }
 
-bucket_handle!(TokenBucket, "bucket", "as many tokens as it started with");
+impl fmt::Debug for TokenBucket {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.engine.fmt(f)
+    }
+}
+
+impl_limiter!(TokenBucket);
