@@ -671,3 +671,39 @@ fn close_fails_waiters_at_once() {
     });
     check("keyed", move || keyed.get("k"), TokenBucket::close, BUCKET);
 }
+
+/// A waiter already waiting in runtime B when the actor's runtime A goes
+/// away is woken by the actor's end, and served at once (its turn has
+/// passed). Deterministic: A is never driven after the limiter is built, so
+/// its actor never runs (not even once) and the waiter cannot have been
+/// served by it.
+fn waiting_when_the_actors_runtime_goes<L: Limiter + Clone + 'static>(name: &str, make: fn() -> L) {
+    let name = name.to_owned();
+    watched(&name.clone(), move || {
+        let rt_a = paused_runtime();
+        let limiter = rt_a.block_on(async { make() });
+        paused_runtime().block_on(async move {
+            let start = Instant::now();
+            while limiter.try_acquire().is_ok() {}
+            let l = limiter.clone();
+            let waiter = spawn_timed(start, async move { l.acquire().await }).await;
+            time::advance(ms(2_000)).await;
+            settle().await;
+            assert!(
+                !waiter.is_finished(),
+                "{name}: served with its actor's runtime idle"
+            );
+            // A runtime cannot be dropped inside another's context.
+            std::thread::spawn(move || drop(rt_a)).join().unwrap();
+            let (result, at) = finish(waiter, start + DEADLINE).await;
+            assert_eq!(result, Ok(()), "{name}");
+            assert_eq!(at, ms(2_000), "{name}");
+        });
+    });
+}
+
+#[test]
+fn a_waiter_waiting_when_the_actors_runtime_goes_is_served() {
+    waiting_when_the_actors_runtime_goes("token", token);
+    waiting_when_the_actors_runtime_goes("slow token", slow_token);
+}

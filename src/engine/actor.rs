@@ -28,7 +28,6 @@ impl Engine {
         );
         let link = ActorLink {
             actor: Arc::clone(actor),
-            started: false,
             stopped: false,
         };
         // A runtime that is shutting down drops the task at once: the link
@@ -144,7 +143,6 @@ pub(super) enum Drive {
 /// pairs with an empty tick between them (p99 lateness ~1.8 ms instead of
 /// ~1.1).
 async fn run_actor(mut link: ActorLink) {
-    link.started = true;
     tracing::debug!("started");
     let actor = Arc::clone(&link.actor);
     let (engine, notify) = (&actor.engine, &actor.notify);
@@ -203,10 +201,6 @@ impl Actor {
 /// shutdown, or a spawn onto a runtime already shut down) or that panicked.
 struct ActorLink {
     actor: Arc<Actor>,
-    /// The task has been polled: if it dies now, waiters may be relying on
-    /// it. (A task dropped unpolled was spawned by a caller that checks the
-    /// state itself.)
-    started: bool,
     /// The task ended normally.
     stopped: bool,
 }
@@ -223,10 +217,10 @@ impl Drop for ActorLink {
         };
         self.actor.state.store(state, Ordering::Release);
         // Stored before the waiters' lock is taken: a waiter that registers
-        // its waker after this wake sees the new state when it checks.
-        if !self.started {
-            return;
-        }
+        // its waker after this wake sees the new state when it checks. Wake
+        // them even if the task was never polled: a runtime that is not
+        // driven (a `block_on` that returned) never runs its tasks, and its
+        // waiters elsewhere have relied on this one since it was spawned.
         if let Some(engine) = self.actor.engine.upgrade() {
             engine.wake_waiters();
         }
