@@ -862,27 +862,10 @@ fn keyed_bucket(rate: Rate, capacity: u32) -> Keyed<u64, TokenBucket> {
         .unwrap()
 }
 
-/// How exactly a keyed map's `limited` counter can be checked.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Limited {
-    Exact,
-    /// `KeyedFunnel::acquire` retries `try_acquire` after each
-    /// `retry_after`, and every retry refused counts as limited.
-    AtLeast,
-}
-
 /// Asserts a keyed map's counters against the tally.
-fn check_keyed_stats(what: &str, stats: KeyedStats, tally: &Tally, limited: Limited) {
+fn check_keyed_stats(what: &str, stats: KeyedStats, tally: &Tally) {
     assert_eq!(stats.granted, tally.granted(), "{what}: stats.granted");
-    match limited {
-        Limited::Exact => assert_eq!(stats.limited, tally.refused, "{what}: stats.limited"),
-        Limited::AtLeast => assert!(
-            stats.limited >= tally.refused,
-            "{what}: stats.limited {} < {} refused",
-            stats.limited,
-            tally.refused
-        ),
-    }
+    assert_eq!(stats.limited, tally.refused, "{what}: stats.limited");
 }
 
 /// A keyed map the tests can drive: `KeyedFunnel<u64>` or `Keyed<u64, TokenBucket>`.
@@ -929,16 +912,12 @@ fn keyed_threads<M: Map>(what: &str, keys: usize, build: impl FnOnce(Rate, u32) 
         map.try_key(slot as u64, n).map_err(refusal_try).is_ok()
     });
     check(what, &tally, bound);
-    check_keyed_stats(what, map.stats(), &tally, Limited::Exact);
+    check_keyed_stats(what, map.stats(), &tally);
 }
 
 /// The runtime test of a keyed map over `keys` keys (0, 1, …).
-fn keyed_tasks<M: Map>(
-    what: &str,
-    keys: usize,
-    limited: Limited,
-    build: impl FnOnce(Rate, u32) -> M,
-) where
+fn keyed_tasks<M: Map>(what: &str, keys: usize, build: impl FnOnce(Rate, u32) -> M)
+where
     KeyOf<M>: Limiter,
 {
     let rt = runtime();
@@ -955,7 +934,7 @@ fn keyed_tasks<M: Map>(
         .collect();
     let tally = rt.block_on(storm(load, NO_TIMEOUT, slots));
     check(what, &tally, bound.waiters());
-    check_keyed_stats(what, map.stats(), &tally, limited);
+    check_keyed_stats(what, map.stats(), &tally);
 }
 
 #[test]
@@ -973,23 +952,13 @@ fn keyed_funnel_many_keys_threads() {
 #[test]
 fn keyed_funnel_one_key_tasks() {
     let _serial = serial();
-    keyed_tasks(
-        "KeyedFunnel one key tasks",
-        1,
-        Limited::AtLeast,
-        keyed_funnel,
-    );
+    keyed_tasks("KeyedFunnel one key tasks", 1, keyed_funnel);
 }
 
 #[test]
 fn keyed_funnel_many_keys_tasks() {
     let _serial = serial();
-    keyed_tasks(
-        "KeyedFunnel many keys tasks",
-        KEYS,
-        Limited::AtLeast,
-        keyed_funnel,
-    );
+    keyed_tasks("KeyedFunnel many keys tasks", KEYS, keyed_funnel);
 }
 
 #[test]
@@ -1007,23 +976,13 @@ fn keyed_token_bucket_many_keys_threads() {
 #[test]
 fn keyed_token_bucket_one_key_tasks() {
     let _serial = serial();
-    keyed_tasks(
-        "Keyed<TokenBucket> one key tasks",
-        1,
-        Limited::Exact,
-        keyed_bucket,
-    );
+    keyed_tasks("Keyed<TokenBucket> one key tasks", 1, keyed_bucket);
 }
 
 #[test]
 fn keyed_token_bucket_many_keys_tasks() {
     let _serial = serial();
-    keyed_tasks(
-        "Keyed<TokenBucket> many keys tasks",
-        KEYS,
-        Limited::Exact,
-        keyed_bucket,
-    );
+    keyed_tasks("Keyed<TokenBucket> many keys tasks", KEYS, keyed_bucket);
 }
 
 // ---- tower ---------------------------------------------------------------
@@ -1153,7 +1112,7 @@ fn tower_keyed_threads<M: Map + KeyedLimiterU64>(
         tally.granted(),
         "{what}: inner calls"
     );
-    check_keyed_stats(what, map.stats(), &tally, Limited::Exact);
+    check_keyed_stats(what, map.stats(), &tally);
 }
 
 /// The keyed maps as tower's `KeyedRateLimitLayer` needs them.
