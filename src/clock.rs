@@ -5,6 +5,7 @@
 //! virtual time.
 
 use std::hash::{Hash, Hasher};
+use std::num::NonZeroU64;
 use std::time::Duration;
 
 use tokio::time::{Instant, Sleep};
@@ -41,8 +42,10 @@ pub(crate) fn now() -> Instant {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Origin {
     instant: Instant,
-    /// The origin as decoded nanoseconds, when instants decode.
-    raw: Option<u64>,
+    /// The origin as decoded nanoseconds, when instants decode (and the
+    /// origin is not the decoder's zero; `NonZero` keeps the cell's line
+    /// of fields within 64 bytes).
+    raw: Option<NonZeroU64>,
 }
 
 impl Origin {
@@ -54,12 +57,14 @@ impl Origin {
     /// `instant` as the origin.
     pub(crate) fn at(instant: Instant) -> Origin {
         const PROBE: Duration = Duration::new(1, 999_999_999);
-        let raw = decode(&instant).filter(|&origin| {
-            instant
-                .checked_add(PROBE)
-                .and_then(|later| decode(&later))
-                .is_some_and(|later| later.checked_sub(origin) == Some(1_999_999_999))
-        });
+        let raw = decode(&instant)
+            .filter(|&origin| {
+                instant
+                    .checked_add(PROBE)
+                    .and_then(|later| decode(&later))
+                    .is_some_and(|later| later.checked_sub(origin) == Some(1_999_999_999))
+            })
+            .and_then(NonZeroU64::new);
         Origin { instant, raw }
     }
 
@@ -73,7 +78,7 @@ impl Origin {
     #[inline]
     pub(crate) fn nanos_since(&self, t: Instant) -> u64 {
         let nanos = match (self.raw, decode(&t)) {
-            (Some(origin), Some(t)) => t.saturating_sub(origin),
+            (Some(origin), Some(t)) => t.saturating_sub(origin.get()),
             _ => self.nanos_since_slow(t),
         };
         debug_assert_eq!(nanos, self.nanos_since_slow(t));
