@@ -89,6 +89,10 @@ assert_impl!(SmoothWarmingUpBuilder: Send, Sync, Unpin, Clone, Debug, Default);
 // A service holds `Arc<dyn Limiter>` and shares it across tasks.
 assert_impl!(dyn Limiter: Send, Sync);
 assert_impl!(Arc<dyn Limiter>: Send, Sync, Unpin, Clone, Limiter);
+assert_impl!(&'static dyn Limiter: Send, Sync, Unpin, Limiter);
+assert_impl!(Arc<TokenBucket>: Limiter);
+assert_impl!(Box<LeakyBucket>: Limiter);
+assert_impl!(&'static Funnel: Limiter);
 assert_impl!(Box<dyn Limiter>: Send, Sync, Unpin, Limiter);
 
 assert_impl!(Reservation: Send, Sync, Unpin, Debug);
@@ -96,11 +100,11 @@ assert_not_impl!(Reservation: Clone);
 
 // --- Values ---------------------------------------------------------------
 
-assert_impl!(Rate: Send, Sync, Unpin, Copy, Debug);
+assert_impl!(Rate: Send, Sync, Unpin, Copy, Debug, std::fmt::Display, std::hash::Hash, Eq);
 assert_impl!(Stats: Send, Sync, Unpin, Copy, Debug, Default);
-assert_impl!(ConfigError: Send, Sync, Unpin, Copy, Debug, std::error::Error);
-assert_impl!(AcquireError: Send, Sync, Unpin, Copy, Debug, std::error::Error);
-assert_impl!(TryAcquireError: Send, Sync, Unpin, Copy, Debug, std::error::Error);
+assert_impl!(ConfigError: Send, Sync, Unpin, Copy, Eq, Debug, std::error::Error);
+assert_impl!(AcquireError: Send, Sync, Unpin, Copy, Eq, Debug, std::error::Error);
+assert_impl!(TryAcquireError: Send, Sync, Unpin, Copy, Eq, Debug, std::error::Error);
 assert_impl!(Refused<String>: Send, Sync, Unpin, Clone, Debug, std::error::Error);
 
 assert_impl!(algorithm::FunnelState: Send, Sync, Unpin, Clone, Debug);
