@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::algorithm::{Params, Release};
-use crate::engine::{Engine, Kind, Setup};
+use crate::engine::{Bucket, Engine, Kind, Setup};
 use crate::limiter::impl_limiter;
 use crate::{AcquireError, ConfigError, Rate, Reservation, Stats, TryAcquireError};
 
@@ -38,7 +38,7 @@ use crate::{AcquireError, ConfigError, Rate, Reservation, Stats, TryAcquireError
 /// ```
 #[derive(Clone)]
 pub struct Funnel {
-    engine: Arc<Engine>,
+    engine: Arc<Engine<Bucket>>,
 }
 
 /// Configures a [`Funnel`]; made by [`Funnel::builder`].

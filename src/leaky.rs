@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::algorithm::{Params, Release};
-use crate::engine::{Engine, Kind, Setup};
+use crate::engine::{Bucket, Engine, Kind, Setup};
 use crate::limiter::impl_limiter;
 use crate::{AcquireError, ConfigError, Rate, Reservation, Stats, TryAcquireError};
 
@@ -61,7 +61,7 @@ use crate::{AcquireError, ConfigError, Rate, Reservation, Stats, TryAcquireError
 /// ```
 #[derive(Clone)]
 pub struct LeakyBucket {
-    engine: Arc<Engine>,
+    engine: Arc<Engine<Bucket>>,
 }
 
 /// Configures a [`LeakyBucket`]; made by [`LeakyBucket::builder`].

@@ -203,7 +203,6 @@ mod funnel;
 pub mod keyed;
 mod leaky;
 mod limiter;
-mod queue;
 mod rate;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::algorithm::{Params, Release};
-use crate::engine::{Engine, Kind, Setup};
+use crate::engine::{Bucket, Engine, Kind, Setup};
 use crate::limiter::impl_limiter;
 use crate::{AcquireError, ConfigError, Rate, Reservation, Stats, TryAcquireError};
 
@@ -49,7 +49,7 @@ use crate::{AcquireError, ConfigError, Rate, Reservation, Stats, TryAcquireError
 /// ```
 #[derive(Clone)]
 pub struct TokenBucket {
-    engine: Arc<Engine>,
+    engine: Arc<Engine<Bucket>>,
 }
 
 /// Configures a [`TokenBucket`]; made by [`TokenBucket::builder`].

@@ -48,9 +48,40 @@ use std::time::Duration;
 
 pub(crate) use gcra::{Booking, MAX_TIME, Params, Release};
 pub use smooth::SmoothState;
-pub(crate) use smooth::Span;
+pub(crate) use smooth::{Span, Undo};
 
 use crate::{AcquireError, ConfigError, Rate, TryAcquireError};
+
+/// What a limiter's schedule decided about a request that may wait (`T`:
+/// where the reservation lies on the schedule's time line).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reserve<T> {
+    /// Reserved; the caller may proceed now.
+    Ready(T),
+    /// Reserved; the caller waits for its turn.
+    Queued(T),
+    /// Not reserved: the caller would have to wait (and asked not to).
+    WouldWait,
+    /// Not reserved: the wait would exceed the caller's limit.
+    TooLong,
+    /// Not reserved: the shaper's bucket has no room.
+    Overflow,
+    /// Not reserved: closed.
+    Closed,
+}
+
+impl<T> Reserve<T> {
+    pub(crate) fn map<U>(self, f: impl FnOnce(T) -> U) -> Reserve<U> {
+        match self {
+            Reserve::Ready(t) => Reserve::Ready(f(t)),
+            Reserve::Queued(t) => Reserve::Queued(f(t)),
+            Reserve::WouldWait => Reserve::WouldWait,
+            Reserve::TooLong => Reserve::TooLong,
+            Reserve::Overflow => Reserve::Overflow,
+            Reserve::Closed => Reserve::Closed,
+        }
+    }
+}
 
 /// The leaky bucket as a meter: the classic funnel (which adds back
 /// `gap × rate` leaked units, truncated, at each call), without its
@@ -73,7 +104,7 @@ use crate::{AcquireError, ConfigError, Rate, TryAcquireError};
 /// use tokio_ratelimit::{Rate, algorithm::FunnelState};
 ///
 /// let ms = Duration::from_millis;
-/// // The source's demo: capacity 2, leaking 2 per second.
+/// // Capacity 2, leaking 2 per second.
 /// let mut funnel = FunnelState::new(Rate::per_second(2), 2).unwrap();
 /// assert!(funnel.try_pour(ms(0), 1).is_ok());
 /// assert!(funnel.try_pour(ms(200), 1).is_ok());

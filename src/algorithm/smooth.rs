@@ -690,6 +690,23 @@ impl SmoothState {
         given
     }
 
+    /// The part of the state a reservation changes (the stored permits and
+    /// the next free ticket), to put back with [`undo`](Self::undo).
+    pub(crate) fn undo_point(&self) -> Undo {
+        Undo {
+            stored_permits: self.stored_permits,
+            next_free: self.next_free,
+        }
+    }
+
+    /// Puts back the state of an [`undo_point`](Self::undo_point) taken
+    /// before a reservation; valid only if nothing but that reservation (no
+    /// rate change) has changed the state since.
+    pub(crate) fn undo(&mut self, undo: Undo) {
+        self.stored_permits = undo.stored_permits;
+        self.next_free = undo.next_free;
+    }
+
     /// `reserveEarliestAvailable`: reserves and returns the moment the
     /// caller may go, in units.
     #[expect(clippy::cast_possible_truncation, reason = "Java's `(long)`")]
@@ -764,6 +781,14 @@ impl SmoothState {
             self.next_free = now * self.unit;
         }
     }
+}
+
+/// What a reservation changes in a [`SmoothState`], as it was before: put
+/// back with [`SmoothState::undo`] while nothing else has changed since.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Undo {
+    stored_permits: f64,
+    next_free: u128,
 }
 
 /// Where a reservation lies on the time line, in picoseconds: from the

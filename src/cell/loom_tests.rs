@@ -11,7 +11,7 @@ use loom::thread;
 
 use super::*;
 use crate::Rate;
-use crate::queue::{Grant, Queue};
+use crate::engine::{Bucket, Grant, Queue};
 
 const MS: u128 = 1_000_000;
 
@@ -34,7 +34,7 @@ enum Op {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Outcome {
     Pour(Result<(), Option<Duration>>),
-    Reserve(Reserve),
+    Reserve(Reserve<Booking>),
     SetParams,
     Seen(State),
     Refund,
@@ -281,8 +281,9 @@ fn loom_refund_against_pours() {
         ],
     );
     model(move || {
-        let cell = Arc::new(Cell::new(p, 0, Instant::now()));
-        let mut queue = Queue::new(Rate::per_second(10));
+        let bucket = Arc::new(Bucket::new(p, 0, Release::Tokens));
+        let cell = &bucket.cell;
+        let mut queue = Queue::<Bucket>::new(Rate::per_second(10));
         assert!(matches!(
             cell.reserve(0, 2, Release::Tokens, None, Wait::Queue),
             Reserve::Ready(_)
@@ -292,22 +293,19 @@ fn loom_refund_against_pours() {
         };
         let (id, _) = queue.push(1, r.end, Grant::Spend);
         let canceller = {
-            let cell = cell.clone();
+            let bucket = bucket.clone();
             thread::spawn(move || {
                 // Engine::cancel, under its lock.
-                let s = cell.snapshot();
-                let now = s.params.scale_nanos(cancel_at);
-                let refund = queue.cancel(id, &s.params, now);
-                assert_eq!(refund, 100 * MS);
-                cell.refund(refund);
+                let view = bucket.view_at(p.scale_nanos(cancel_at));
+                assert_eq!(queue.withdraw(id, &*bucket, &view), Some(0));
                 vec![Outcome::Refund]
             })
         };
         let meter = {
-            let (cell, ops) = (cell.clone(), threads[1].clone());
-            thread::spawn(move || run(&cell, &ops))
+            let (bucket, ops) = (bucket.clone(), threads[1].clone());
+            thread::spawn(move || run(&bucket.cell, &ops))
         };
-        let mut outcomes = vec![run(&cell, &threads[0])];
+        let mut outcomes = vec![run(cell, &threads[0])];
         outcomes.push(meter.join().unwrap());
         outcomes.push(canceller.join().unwrap());
         let end = cell.snapshot();

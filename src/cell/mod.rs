@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::algorithm::{Booking, MAX_TIME, Params, Release};
+use crate::algorithm::{Booking, MAX_TIME, Params, Release, Reserve};
 use crate::clock;
 use crate::sync::{AtomicU64, AtomicU128, Ordering, fence, spin_loop};
 
@@ -98,23 +98,6 @@ pub(crate) enum Wait {
     Refuse,
     /// Pour and answer `Queued`: the caller takes its place in the queue.
     Queue,
-}
-
-/// What [`Cell::reserve`] decided.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Reserve {
-    /// Poured; the caller may proceed now.
-    Ready(Booking),
-    /// Poured; the caller may proceed at `ready` (scaled).
-    Queued(Booking),
-    /// Not poured: the caller would have to wait (and was not allowed to).
-    WouldWait,
-    /// Not poured: the wait would exceed the caller's limit.
-    TooLong,
-    /// Not poured: the shaper's bucket has no room.
-    Overflow,
-    /// Not poured: closed.
-    Closed,
 }
 
 impl Cell {
@@ -238,7 +221,7 @@ impl Cell {
         release: Release,
         max_wait_nanos: Option<u128>,
         wait: Wait,
-    ) -> Reserve {
+    ) -> Reserve<Booking> {
         loop {
             let s = self.read();
             if s.is_closed() {

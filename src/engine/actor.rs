@@ -9,21 +9,15 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::{Engine, wake_all};
-use crate::{AcquireError, Rate, clock};
+use super::{Engine, Schedule, Waking, wake_all};
+use crate::{AcquireError, clock};
 
-impl Engine {
+impl<S: Schedule> Engine<S> {
     /// Spawns the actor's task on `runtime`; its state is already `RUNNING`.
-    pub(super) fn spawn_actor(
-        &self,
-        actor: &Arc<Actor>,
-        runtime: &tokio::runtime::Handle,
-        rate: Rate,
-    ) {
+    pub(super) fn spawn_actor(&self, actor: &Arc<Actor<S>>, runtime: &tokio::runtime::Handle) {
         let span = tracing::debug_span!(
             "actor",
             limiter = self.kind.name(),
-            rate = %rate,
             capacity = self.capacity(),
         );
         let link = ActorLink {
@@ -43,34 +37,29 @@ impl Engine {
     /// Never called under the queue lock: a failed spawn runs the link's
     /// `Drop`, which takes it.
     pub(super) fn actor_serves(&self) -> Result<bool, AcquireError> {
-        let Some(actor) = &self.actor else {
+        let Waking::Actor(actor) = &self.waking else {
             return Ok(false);
         };
         match actor.state.load(Ordering::Acquire) {
-            Actor::RUNNING => return Ok(true),
-            Actor::FAILED => return Ok(false),
+            RUNNING => return Ok(true),
+            FAILED => return Ok(false),
             _ => {}
         }
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| AcquireError::NoRuntime)?;
         if actor
             .state
-            .compare_exchange(
-                Actor::DEAD,
-                Actor::RUNNING,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            )
+            .compare_exchange(DEAD, RUNNING, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
         {
             tracing::debug!(
                 limiter = self.kind.name(),
                 "actor gone with its runtime: re-spawned"
             );
-            self.spawn_actor(actor, &runtime, self.rate());
+            self.spawn_actor(actor, &runtime);
         }
         match actor.state.load(Ordering::Acquire) {
-            Actor::RUNNING => Ok(true),
-            Actor::FAILED => Ok(false),
+            RUNNING => Ok(true),
+            FAILED => Ok(false),
             _ => Err(AcquireError::NoRuntime),
         }
     }
@@ -78,13 +67,14 @@ impl Engine {
     /// Whether a running actor keeps the timer for the whole queue (else
     /// waiters must be woken to re-arm their own, or to re-spawn it).
     pub(super) fn actor_running(&self) -> bool {
-        self.actor
-            .as_ref()
-            .is_some_and(|a| a.state.load(Ordering::Acquire) == Actor::RUNNING)
+        match &self.waking {
+            Waking::Actor(actor) => actor.state.load(Ordering::Acquire) == RUNNING,
+            Waking::OwnTimers => false,
+        }
     }
 
     pub(super) fn wake_actor(&self) {
-        if let Some(actor) = &self.actor {
+        if let Waking::Actor(actor) = &self.waking {
             actor.notify.notify_one();
         }
     }
@@ -93,7 +83,7 @@ impl Engine {
     /// over (re-spawn it, or arm their own timers).
     pub(super) fn wake_waiters(&self) {
         let mut wakers = Vec::new();
-        self.lock().wake_pending(&mut wakers);
+        self.lock().wake_pending(0, &mut wakers);
         wake_all(wakers);
     }
 
@@ -106,15 +96,12 @@ impl Engine {
             if queue.closed {
                 return Drive::Stop;
             }
-            let s = self.cell.snapshot();
-            let now = s.params.scale_nanos(self.cell.now_nanos());
-            let granted = queue.grant_due(&s.params, self.release, now, &self.cell, &mut wakers);
+            let view = self.schedule.view(&queue.books);
+            let granted = queue.grant_due(&self.schedule, &view, &mut wakers, None);
             if granted > 0 {
                 tracing::trace!(granted, "released waiters");
             }
-            queue
-                .next_ready(&s.params, self.release)
-                .map(|ready| self.cell.instant_at(&s.params, ready))
+            queue.next_turn(&self.schedule, &view)
         };
         wake_all(wakers);
         next.map_or(Drive::Idle, Drive::Until)
@@ -142,7 +129,7 @@ pub(super) enum Drive {
 /// waiter after it would then skip a tick, and at 1 000/s releases came in
 /// pairs with an empty tick between them (p99 lateness ~1.8 ms instead of
 /// ~1.1).
-async fn run_actor(mut link: ActorLink) {
+async fn run_actor<S: Schedule>(mut link: ActorLink<S>) {
     tracing::debug!("started");
     let actor = Arc::clone(&link.actor);
     let (engine, notify) = (&actor.engine, &actor.notify);
@@ -175,45 +162,54 @@ async fn run_actor(mut link: ActorLink) {
 
 /// An actor-backed engine's link to its background task, and whether that
 /// task is alive.
-pub(super) struct Actor {
+pub(crate) struct Actor<S: Schedule> {
     /// Wakes the actor.
     pub(super) notify: Notify,
     /// `RUNNING`, `DEAD` or `FAILED`.
     pub(super) state: AtomicU8,
     /// The engine it serves: a waiter (which borrows the engine) re-spawns
     /// the actor with it.
-    pub(super) engine: Weak<Engine>,
+    pub(super) engine: Weak<Engine<S>>,
 }
 
-impl Actor {
-    /// A task is spawned (or being spawned) and will wake the waiters.
-    pub(super) const RUNNING: u8 = 0;
-    /// The task's future was dropped before it ended: its runtime shut
-    /// down. The next waiter re-spawns it.
-    pub(super) const DEAD: u8 = 1;
-    /// The task panicked: it is not re-spawned (it would panic again), and
-    /// waiters keep their own timers from then on.
-    pub(super) const FAILED: u8 = 2;
+impl<S: Schedule> Actor<S> {
+    /// An actor about to be spawned for `engine`.
+    pub(super) fn new(engine: Weak<Engine<S>>) -> Actor<S> {
+        Actor {
+            notify: Notify::new(),
+            state: AtomicU8::new(RUNNING),
+            engine,
+        }
+    }
 }
+
+/// A task is spawned (or being spawned) and will wake the waiters.
+const RUNNING: u8 = 0;
+/// The task's future was dropped before it ended: its runtime shut
+/// down. The next waiter re-spawns it.
+const DEAD: u8 = 1;
+/// The task panicked: it is not re-spawned (it would panic again), and
+/// waiters keep their own timers from then on.
+const FAILED: u8 = 2;
 
 /// Owned by the actor's future: its `Drop` tells a task that ended (the
 /// limiter closed or dropped) from one whose future was dropped (runtime
 /// shutdown, or a spawn onto a runtime already shut down) or that panicked.
-struct ActorLink {
-    actor: Arc<Actor>,
+struct ActorLink<S: Schedule> {
+    actor: Arc<Actor<S>>,
     /// The task ended normally.
     stopped: bool,
 }
 
-impl Drop for ActorLink {
+impl<S: Schedule> Drop for ActorLink<S> {
     fn drop(&mut self) {
         if self.stopped {
             return;
         }
         let state = if std::thread::panicking() {
-            Actor::FAILED
+            FAILED
         } else {
-            Actor::DEAD
+            DEAD
         };
         self.actor.state.store(state, Ordering::Release);
         // Stored before the waiters' lock is taken: a waiter that registers

@@ -1,57 +1,63 @@
-//! The machinery shared by the token bucket, the leaky bucket and the
-//! funnel: a lock-free [`Cell`] for decisions that need not wait, a
-//! [`Queue`] of waiters behind a mutex for those that do, and something to
-//! wake the waiters on time — a background actor (one timer for the whole
-//! queue) or, for the task-less funnel, each waiter's own timer.
+//! The waiting engine every waiting limiter sits on.
 //!
-//! The three limiters differ only in their [`Release`] rule (tokens: a
-//! waiter proceeds once the bucket is back within capacity; water: once the
-//! water ahead of it has drained, and a request that does not fit
-//! overflows) and in whether they spawn an actor.
+//! A limiter family supplies a [`Schedule`]: the arithmetic that decides
+//! when each request's permits are due and what a withdrawn request gives
+//! back. The engine supplies everything about waiting, once: the FIFO
+//! [`Queue`] of entries behind a mutex, the future of a queued `acquire`,
+//! cancellation (give back, move the ones behind forward), close, holding
+//! permits for a [`Reservation`], and the timers. tokio's `batch_semaphore`
+//! under its `Semaphore`, `Mutex` and `mpsc` is the model.
+//!
+//! Two schedules exist: [`Bucket`] over the lock-free GCRA cell (the token
+//! bucket, the leaky bucket, the funnel) and `smooth::Smooth` over Guava's
+//! `SmoothState` (`SmoothBursty`, `SmoothWarmingUp`).
 //!
 //! # Words
 //!
-//! * A request's **turn** is the instant its permits are due (`ready`, in
-//!   the cell's scaled units; an `Instant` once converted for a timer).
-//! * A **reservation** is what a request takes from the cell when it
-//!   arrives: its permits' place in the bucket's time line (`Reserve` is the
-//!   cell's answer). A reservation that must wait becomes an **entry** in the
-//!   [`Queue`], named by its id; its **waiter** is the future polling it.
+//! * A request's **turn** is the instant its permits are due; the schedule
+//!   keeps, per request, where it lies on its time line ([`Schedule::Turn`]).
+//! * A **reservation** is what a request takes from the schedule when it
+//!   arrives: its place on that time line ([`Reserve`] is the schedule's
+//!   answer). A reservation that must wait, or whose permits are held,
+//!   becomes an **entry** in the [`Queue`], named by its id; its **waiter**
+//!   is the future polling it.
 //! * An entry is **granted** when its turn comes; [`Grant`] says whether
 //!   its permits are then spent (`acquire`) or held until a
 //!   [`Reservation`] commits or drops them (`reserve`).
-//! * **Cancelling** an entry gives back its undrained part (a **refund**)
-//!   and moves every later entry forward.
-//! * The **actor** is the background task that grants entries on one timer;
-//!   without one, each waiter arms its own.
+//! * **Withdrawing** an entry (its waiter dropped, its reservation dropped)
+//!   gives back what it had not used and moves every later entry forward
+//!   by as much.
+//! * **Waking** is how waiters learn their turn came ([`Waking`]): the
+//!   bucket's background **actor** (one timer for the whole queue), or each
+//!   waiter's own timer.
 //!
-//! Lock order: the queue lock, then the cell (which is lock-free). The
-//! uncontended fast paths never take the lock.
+//! Lock order: the queue lock, then whatever the schedule keeps outside it
+//! (the cell is lock-free). The uncontended fast paths never take the lock.
 //!
-//! Files: this one holds [`Engine`] (deciding, queueing, cancelling,
-//! closing); `actor.rs` the background actor and how it is started again
-//! when its runtime is gone; `waiter.rs` the future of a queued `acquire`.
+//! Files: this one holds [`Engine`] (deciding, queueing, withdrawing,
+//! closing) and the [`Schedule`] seam; `queue.rs` the entries; `waiter.rs`
+//! the future of a queued `acquire`; `actor.rs` the background actor;
+//! `bucket.rs` the schedule over the GCRA cell.
 
 mod actor;
+mod bucket;
+mod queue;
 mod waiter;
 
 use std::fmt;
-use std::sync::atomic::AtomicU8;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::Waker;
 use std::time::Duration;
 
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::algorithm::{Params, Release};
-use crate::cell::{Cell, Reserve, Wait};
-use crate::queue::{Grant, Queue, State};
+pub(crate) use crate::algorithm::Reserve;
 use crate::reservation::{Hold, Reservation};
 use crate::stats::{Counters, Stats};
-use crate::{AcquireError, ConfigError, Rate, TryAcquireError, clock};
+use crate::{AcquireError, TryAcquireError, clock};
 use actor::Actor;
-use waiter::Waiter;
+pub(crate) use bucket::{Bucket, Setup};
+pub(crate) use queue::{Grant, Queue};
 
 /// Which limiter an engine serves (for tracing and `Debug`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,103 +65,155 @@ pub(crate) enum Kind {
     TokenBucket,
     LeakyBucket,
     Funnel,
+    SmoothBursty,
+    SmoothWarmingUp,
 }
 
 impl Kind {
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Kind::TokenBucket => "token_bucket",
             Kind::LeakyBucket => "leaky_bucket",
             Kind::Funnel => "funnel",
+            Kind::SmoothBursty => "smooth_bursty",
+            Kind::SmoothWarmingUp => "smooth_warming_up",
         }
     }
 }
 
-/// One bucket: decisions, waiters, and the link to its actor.
-pub(crate) struct Engine {
-    cell: Cell,
-    queue: Mutex<Queue>,
-    release: Release,
+/// The arithmetic of one family of limiters, as the engine needs it. Every
+/// method but [`try_take`](Schedule::try_take) and
+/// [`reserve_unlocked`](Schedule::reserve_unlocked) runs under the engine's
+/// lock.
+///
+/// The engine grants entries in queue order and stops at the first one not
+/// due, so the turns of the entries must never decrease along the queue;
+/// [`follow`](Schedule::follow) is where a schedule whose rounding could
+/// break that keeps it.
+pub(crate) trait Schedule: Sized + Send + Sync + 'static {
+    /// Where one entry lies on the schedule's time line.
+    type Turn: Send;
+    /// The part of the schedule kept under the engine's lock.
+    type Books: Send;
+    /// The schedule and the clock read once, for one pass under the lock.
+    type View;
+
+    /// The most permits one request may take (`u32::MAX`: no limit).
+    fn capacity(&self) -> u32;
+    fn is_closed(&self) -> bool;
+    /// Refuses every later reservation (under the lock).
+    fn close(&self);
+
+    /// The meter (`try_acquire` with `1 <= n <= capacity`): takes `n` now,
+    /// or says how long until it could (`Err(None)`: closed).
+    fn try_take(engine: &Engine<Self>, n: u32) -> Result<(), Option<Duration>>;
+    /// The lock-free decision of an `acquire` that need not wait: `None`
+    /// when it would have to (or the schedule decides only under the lock).
+    fn reserve_unlocked(&self, n: u32, max_wait: Option<Duration>) -> Option<Reserve<()>>;
+    /// Reserves `n` permits (`1 <= n <= capacity`) at the current time.
+    fn reserve(
+        &self,
+        books: &mut Self::Books,
+        n: u32,
+        max_wait: Option<Duration>,
+    ) -> Reserve<Self::Turn>;
+    /// Keeps a new entry's turn no earlier than the turn of the entry ahead
+    /// of it.
+    fn follow(&self, turn: &mut Self::Turn, ahead: &Self::Turn);
+
+    fn view(&self, books: &Self::Books) -> Self::View;
+    /// Whether the turn of an entry of `n` permits has come.
+    fn is_due(&self, view: &Self::View, turn: &Self::Turn, n: u32) -> bool;
+    /// The instant of that turn, for a timer (`None`: never).
+    fn instant(&self, view: &Self::View, turn: &Self::Turn, n: u32) -> Option<Instant>;
+    /// A due entry is granted at the view's time (one released late
+    /// credits the requests that follow it at once, see the cell's
+    /// `arrival`).
+    fn granted(&self, books: &mut Self::Books, view: &Self::View, turn: &Self::Turn, n: u32);
+    /// Gives back what a withdrawn entry of `n` permits had not used and
+    /// moves the entries `behind` it forward by as much; returns whether
+    /// they moved.
+    fn withdraw<'a>(
+        &self,
+        books: &mut Self::Books,
+        view: &Self::View,
+        turn: Self::Turn,
+        n: u32,
+        behind: impl Iterator<Item = &'a mut Self::Turn>,
+    ) -> bool;
+
+    /// Whether nothing distinguishes the schedule from a newly built one
+    /// (the queue is empty and open).
+    fn is_fresh(&self, books: &Self::Books) -> bool;
+    /// Whole permits available now, for [`Stats`] (`None`: not a bucket).
+    fn available(&self) -> Option<u32>;
+    /// The schedule's fields of the limiter's `Debug`.
+    fn debug_fields(&self, books: &Self::Books, f: &mut fmt::DebugStruct<'_, '_>);
+}
+
+/// How the waiters of an engine learn that their turn came.
+pub(crate) enum Waking<S: Schedule> {
+    /// A background actor keeps one timer for the whole queue (and each
+    /// waiter keeps its own should the actor panic).
+    Actor(Arc<Actor<S>>),
+    /// Each waiter keeps its own timer: nothing is spawned.
+    OwnTimers,
+}
+
+/// One limiter: its schedule, its waiters, and how they are woken.
+pub(crate) struct Engine<S: Schedule> {
+    schedule: S,
+    queue: Mutex<Queue<S>>,
     kind: Kind,
-    /// Tokens a newly built bucket lacks (capacity − initial).
-    fresh_deficit: u32,
-    /// The background actor; `None` when waiters arm their own timers.
-    actor: Option<Arc<Actor>>,
+    waking: Waking<S>,
     counters: Counters,
 }
 
-/// How an engine's first `tat` is set.
-pub(crate) struct Setup {
-    pub(crate) kind: Kind,
-    pub(crate) rate: Rate,
-    pub(crate) params: Params,
-    /// Tokens the bucket lacks when built (0: empty of water / full of
-    /// tokens).
-    pub(crate) deficit: u32,
-    pub(crate) release: Release,
-    pub(crate) spawn_actor: bool,
-}
-
-impl Engine {
-    /// Builds the engine and, if asked, spawns its actor on the current
-    /// runtime.
-    pub(crate) fn start(setup: &Setup) -> Result<Arc<Engine>, ConfigError> {
-        let runtime = if setup.spawn_actor {
-            Some(tokio::runtime::Handle::try_current().map_err(|_| ConfigError::NoRuntime)?)
-        } else {
-            None
-        };
+impl<S: Schedule> Engine<S> {
+    /// Builds the engine; given a runtime, spawns its actor there (else
+    /// its waiters keep their own timers).
+    pub(crate) fn new(
+        kind: Kind,
+        schedule: S,
+        books: S::Books,
+        runtime: Option<tokio::runtime::Handle>,
+    ) -> Arc<Engine<S>> {
         let engine = Arc::new_cyclic(|this| Engine {
-            cell: Cell::new(setup.params, setup.params.cost(setup.deficit), clock::now()),
-            queue: Mutex::new(Queue::new(setup.rate)),
-            release: setup.release,
-            kind: setup.kind,
-            fresh_deficit: setup.deficit,
-            actor: runtime.as_ref().map(|_| {
-                Arc::new(Actor {
-                    notify: Notify::new(),
-                    state: AtomicU8::new(Actor::RUNNING),
-                    engine: this.clone(),
-                })
-            }),
+            schedule,
+            queue: Mutex::new(Queue::new(books)),
+            kind,
+            waking: match runtime {
+                Some(_) => Waking::Actor(Arc::new(Actor::new(this.clone()))),
+                None => Waking::OwnTimers,
+            },
             counters: Counters::default(),
         });
-        if let (Some(runtime), Some(actor)) = (runtime, &engine.actor) {
-            engine.spawn_actor(actor, &runtime, setup.rate);
+        if let (Some(runtime), Waking::Actor(actor)) = (runtime, &engine.waking) {
+            engine.spawn_actor(actor, &runtime);
         }
-        Ok(engine)
+        engine
     }
 
-    fn lock(&self) -> MutexGuard<'_, Queue> {
+    pub(crate) fn kind(&self) -> Kind {
+        self.kind
+    }
+
+    pub(crate) fn schedule(&self) -> &S {
+        &self.schedule
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Queue<S>> {
         // A panic under the lock leaves the queue consistent (every update
         // is a single step), so a poisoned lock is still usable.
         self.queue.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     pub(crate) fn capacity(&self) -> u32 {
-        self.cell.capacity()
-    }
-
-    pub(crate) fn rate(&self) -> Rate {
-        self.lock().rate
+        self.schedule.capacity()
     }
 
     pub(crate) fn is_closed(&self) -> bool {
-        self.cell.is_closed()
-    }
-
-    /// Whole tokens / units of free room at this instant.
-    pub(crate) fn available(&self) -> u32 {
-        let now = self.cell.now_nanos();
-        let s = self.cell.snapshot();
-        s.params.available(s.tat(), s.params.scale_nanos(now))
-    }
-
-    /// Units of water (poured and reserved, not yet drained), rounded up.
-    pub(crate) fn level(&self) -> u32 {
-        let now = self.cell.now_nanos();
-        let s = self.cell.snapshot();
-        s.params.level(s.tat(), s.params.scale_nanos(now))
+        self.schedule.is_closed()
     }
 
     /// Waiters that have not proceeded yet.
@@ -170,23 +228,15 @@ impl Engine {
             granted,
             refused,
             waiting: self.waiting(),
-            available: Some(self.available()),
+            available: self.schedule.available(),
         }
     }
 
-    /// Whether the bucket is in exactly the state of a newly built one: open,
-    /// nobody in the queue, no timer credit running, and the same tokens
-    /// (water) a new one would have now.
+    /// Whether the limiter is in exactly the state of a newly built one:
+    /// open, nobody in the queue, and a schedule as new.
     pub(crate) fn is_fresh(&self) -> bool {
         let queue = self.lock();
-        if queue.closed || !queue.is_empty() {
-            return false;
-        }
-        let now_nanos = self.cell.now_nanos();
-        let s = self.cell.snapshot();
-        let now = s.params.scale_nanos(now_nanos);
-        !self.cell.has_credit(now_nanos)
-            && s.tat().max(now) == now + s.params.cost(self.fresh_deficit)
+        !queue.closed && queue.is_empty() && self.schedule.is_fresh(&queue.books)
     }
 
     /// The meter: `n` permits now or a refusal with the exact wait.
@@ -205,7 +255,7 @@ impl Engine {
                 Ok(())
             };
         }
-        match self.cell.try_pour(self.cell.now_nanos(), n) {
+        match S::try_take(self, n) {
             Ok(()) => {
                 self.counters.granted(n);
                 tracing::trace!(limiter = self.kind.name(), n, "granted");
@@ -240,7 +290,7 @@ impl Engine {
             Queued::Ready(None) => return Ok(Reservation::spent()), // n = 0
             Queued::Ready(Some(id)) | Queued::Waiting(id) => id,
         };
-        // Until the waiter hands it over, a drop cancels through it.
+        // Until the waiter hands it over, a drop withdraws through it.
         self.wait(id, None, Grant::Hold).await?;
         Ok(Reservation::held(Arc::clone(self) as Arc<dyn Hold>, id))
     }
@@ -251,14 +301,7 @@ impl Engine {
         max_wait: Option<Duration>,
         grant: Grant,
     ) -> Result<(), AcquireError> {
-        let waiter = Waiter {
-            engine: self,
-            id,
-            grant,
-            done: false,
-            sleep: None,
-            timer: clock::TwoStep::default(),
-        };
+        let waiter = self.wait_turn(id, grant);
         // The turn was within `max_wait` when it was reserved; a later
         // `set_rate` may push it out, so the deadline still stands.
         match max_wait.and_then(|wait| clock::now().checked_add(wait)) {
@@ -291,32 +334,22 @@ impl Engine {
         if n == 0 {
             return Ok(Queued::Ready(None));
         }
-        let max_wait = max_wait.map(|d| d.as_nanos());
         if grant == Grant::Spend {
             // Fast path, lock-free: proceed at once or fail at once.
-            let now = self.cell.now_nanos();
-            match self
-                .cell
-                .reserve(now, n, self.release, max_wait, Wait::Refuse)
-            {
-                Reserve::WouldWait => {}
-                outcome => return self.settle(n, &outcome).map(|()| Queued::Ready(None)),
+            if let Some(outcome) = self.schedule.reserve_unlocked(n, max_wait) {
+                return self.settle(n, &outcome).map(|()| Queued::Ready(None));
             }
         }
         // Slow path: reserve under the lock, so that queue order is
         // reservation order. Held permits always take a place in the queue,
         // so that giving them back moves the right reservations forward.
         let mut queue = self.lock();
-        // Read the clock under the lock: time may have passed while waiting
-        // for it, and a stale `now` overstates the water (a shaper would
-        // overflow wrongly).
-        let now = self.cell.now_nanos();
-        let outcome = self
-            .cell
-            .reserve(now, n, self.release, max_wait, Wait::Queue);
-        match outcome {
-            Reserve::Queued(r) => {
-                let (id, first) = queue.push(n, r.end, grant);
+        match self.schedule.reserve(&mut queue.books, n, max_wait) {
+            Reserve::Queued(mut turn) => {
+                if let Some(ahead) = queue.last() {
+                    self.schedule.follow(&mut turn, ahead);
+                }
+                let (id, first) = queue.push(n, turn, grant);
                 drop(queue);
                 tracing::trace!(limiter = self.kind.name(), n, id, "queued");
                 if first {
@@ -324,8 +357,8 @@ impl Engine {
                 }
                 Ok(Queued::Waiting(id))
             }
-            Reserve::Ready(r) if grant == Grant::Hold => {
-                let id = queue.push_granted(n, r.end);
+            Reserve::Ready(turn) if grant == Grant::Hold => {
+                let id = queue.push_granted(n, turn);
                 drop(queue);
                 tracing::trace!(limiter = self.kind.name(), n, id, "reserved");
                 Ok(Queued::Ready(Some(id)))
@@ -345,7 +378,7 @@ impl Engine {
     }
 
     /// Turns a decision that needs no queue into the caller's answer.
-    fn settle(&self, n: u32, outcome: &Reserve) -> Result<(), AcquireError> {
+    fn settle<T>(&self, n: u32, outcome: &Reserve<T>) -> Result<(), AcquireError> {
         match outcome {
             Reserve::Ready(_) => {
                 self.counters.granted(n);
@@ -368,63 +401,16 @@ impl Engine {
         }
     }
 
-    /// Polls waiter `id`: its answer, or (still pending) the instant of its
-    /// turn, for waiters that keep their own timer. A waiter that holds its
-    /// permits is counted as granted when committed, not here.
-    fn poll_waiter(
-        &self,
-        id: u64,
-        grant: Grant,
-        waker: &Waker,
-    ) -> Result<Result<(), AcquireError>, Instant> {
-        let mut wakers = Vec::new();
-        let outcome = {
-            let mut queue = self.lock();
-            let s = self.cell.snapshot();
-            match queue.observe(id, &s.params, self.release, waker) {
-                Ok(state) => Ok(state),
-                Err(ready) => {
-                    let now = s.params.scale_nanos(self.cell.now_nanos());
-                    if ready <= now {
-                        // Its turn has come, whether or not the actor has run.
-                        queue.grant_due(&s.params, self.release, now, &self.cell, &mut wakers);
-                        Ok(queue
-                            .observe(id, &s.params, self.release, waker)
-                            .unwrap_or((State::Pending, 0)))
-                    } else {
-                        Err(self.cell.instant_at(&s.params, ready))
-                    }
-                }
-            }
-        };
-        wake_all(wakers);
-        match outcome {
-            Ok((State::Granted, n)) => {
-                if grant == Grant::Spend {
-                    self.counters.granted(n);
-                }
-                tracing::trace!(limiter = self.kind.name(), id, "granted after waiting");
-                Ok(Ok(()))
-            }
-            Ok((State::Closed, _)) => Ok(Err(AcquireError::Closed)),
-            Ok((State::Pending, _)) => Err(clock::now()),
-            Err(at) => Err(at),
-        }
-    }
-
     /// Waiter `id` gave up (or its reservation was dropped): give back what
     /// it had reserved.
     pub(crate) fn cancel(&self, id: u64) {
         let mut wakers = Vec::new();
         {
             let mut queue = self.lock();
-            let s = self.cell.snapshot();
-            let now = s.params.scale_nanos(self.cell.now_nanos());
-            let refund = queue.cancel(id, &s.params, now);
-            if refund == 0 {
+            let view = self.schedule.view(&queue.books);
+            let Some(behind) = queue.withdraw(id, &self.schedule, &view) else {
                 return;
-            }
-            self.cell.refund(refund);
+            };
             tracing::trace!(
                 limiter = self.kind.name(),
                 id,
@@ -432,9 +418,9 @@ impl Engine {
             );
             // Everyone behind moved forward: some may be due now, and the
             // timer (the actor's, or each waiter's own) must be re-armed.
-            queue.grant_due(&s.params, self.release, now, &self.cell, &mut wakers);
+            queue.grant_due(&self.schedule, &view, &mut wakers, None);
             if !self.actor_running() {
-                queue.wake_pending(&mut wakers);
+                queue.wake_pending(behind, &mut wakers);
             }
         }
         wake_all(wakers);
@@ -449,7 +435,7 @@ impl Engine {
             if queue.closed {
                 return;
             }
-            self.cell.close();
+            self.schedule.close();
             queue.close(&mut wakers);
         }
         tracing::debug!(limiter = self.kind.name(), waiters = wakers.len(), "closed");
@@ -457,38 +443,36 @@ impl Engine {
         self.wake_actor();
     }
 
-    /// Changes the rate from now on; water already in the bucket (and the
-    /// reservations of waiters) drains at the new rate.
-    pub(crate) fn set_rate(&self, rate: Rate) -> Result<(), ConfigError> {
-        let params = Params::new(rate, self.capacity())?;
+    /// Runs `change` on the schedule under the lock; if it says the turns
+    /// of the entries moved, grants those now due and re-arms the timers.
+    pub(crate) fn change<R>(&self, change: impl FnOnce(&S, &mut Queue<S>) -> (R, bool)) -> R {
         let mut wakers = Vec::new();
-        {
+        let result = {
             let mut queue = self.lock();
-            let now = self.cell.now_nanos();
-            self.cell
-                .set_params(params, now, |old, new| queue.rescale(old, new, now));
-            queue.rate = rate;
-            let scaled = params.scale_nanos(now);
-            queue.grant_due(&params, self.release, scaled, &self.cell, &mut wakers);
-            if !self.actor_running() {
-                queue.wake_pending(&mut wakers);
+            let (result, moved) = change(&self.schedule, &mut queue);
+            if moved {
+                let view = self.schedule.view(&queue.books);
+                queue.grant_due(&self.schedule, &view, &mut wakers, None);
+                if !self.actor_running() {
+                    queue.wake_pending(0, &mut wakers);
+                }
             }
-        }
-        tracing::debug!(limiter = self.kind.name(), %rate, "rate changed");
+            result
+        };
         wake_all(wakers);
         self.wake_actor();
-        Ok(())
+        result
     }
 }
 
-impl Drop for Engine {
+impl<S: Schedule> Drop for Engine<S> {
     fn drop(&mut self) {
         // The actor holds only a `Weak`; this wakes it to find it gone.
         self.wake_actor();
     }
 }
 
-impl Hold for Engine {
+impl<S: Schedule> Hold for Engine<S> {
     fn commit(&self, id: u64) {
         Engine::commit(self, id);
     }
@@ -498,13 +482,12 @@ impl Hold for Engine {
     }
 }
 
-impl fmt::Debug for Engine {
+impl<S: Schedule> fmt::Debug for Engine<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let queue = self.lock();
-        f.debug_struct(self.kind.name())
-            .field("rate", &queue.rate)
-            .field("capacity", &self.capacity())
-            .field("waiting", &queue.pending())
+        let mut d = f.debug_struct(self.kind.name());
+        self.schedule.debug_fields(&queue.books, &mut d);
+        d.field("waiting", &queue.pending())
             .field("closed", &queue.closed)
             .finish_non_exhaustive()
     }

@@ -1,67 +1,74 @@
-//! The future of a queued `acquire`: polls the engine for its turn, keeps
-//! its own timer where no actor runs, and gives its reservation back when
-//! dropped before its turn.
+//! The waiter: the future of a queued request. It polls the engine for its
+//! turn, keeps its own timer where no actor wakes it, and withdraws its
+//! entry when dropped before its turn.
 
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::future::poll_fn;
+use std::pin::{Pin, pin};
+use std::task::{Context, Poll, Waker};
 
-use tokio::time::Sleep;
+use tokio::time::{Instant, Sleep};
 
-use super::Engine;
-use crate::queue::Grant;
+use super::queue::{Grant, State};
+use super::{Engine, Schedule, wake_all};
 use crate::{AcquireError, clock};
 
-/// A queued `acquire`: resolves when its turn comes (or the limiter
-/// closes); gives its reservation back if dropped before.
-pub(super) struct Waiter<'a> {
-    pub(super) engine: &'a Engine,
-    pub(super) id: u64,
-    /// Whether the permits stay held in the queue once granted.
-    pub(super) grant: Grant,
-    pub(super) done: bool,
-    /// Waiters of a limiter without a (live) actor keep their own timer.
-    pub(super) sleep: Option<Pin<Box<Sleep>>>,
-    /// How its own timer is armed (as the actor's, see `actor::run_actor`).
-    pub(super) timer: clock::TwoStep,
-}
+impl<S: Schedule> Engine<S> {
+    /// Waits for entry `id`'s turn (or the limiter's close). Dropped
+    /// before that, it withdraws the entry.
+    pub(super) async fn wait_turn(&self, id: u64, grant: Grant) -> Result<(), AcquireError> {
+        let mut entry = Withdraw {
+            engine: self,
+            id: Some(id),
+        };
+        let mut sleep = pin!(None::<Sleep>);
+        let mut timer = clock::TwoStep::default();
+        let result = poll_fn(|cx| self.poll_turn(id, grant, cx, sleep.as_mut(), &mut timer)).await;
+        // Done: a held entry now belongs to its `Reservation`.
+        entry.id = None;
+        result
+    }
 
-impl Future for Waiter<'_> {
-    type Output = Result<(), AcquireError>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = &mut *self;
+    fn poll_turn(
+        &self,
+        id: u64,
+        grant: Grant,
+        cx: &mut Context<'_>,
+        mut sleep: Pin<&mut Option<Sleep>>,
+        timer: &mut clock::TwoStep,
+    ) -> Poll<Result<(), AcquireError>> {
         // Three times at most: the early timer may have fired, and a timer
         // armed for the turn that has fired means the turn has come.
         for _ in 0..3 {
-            match this.engine.poll_waiter(this.id, this.grant, cx.waker()) {
-                Ok(result) => {
-                    this.done = true;
-                    return Poll::Ready(result);
-                }
-                Err(turn) => {
-                    match this.engine.actor_serves() {
-                        Ok(true) => return Poll::Pending,
-                        Ok(false) => {}
-                        Err(error) => {
-                            this.engine.cancel(this.id);
-                            this.done = true;
-                            return Poll::Ready(Err(error));
-                        }
-                    }
-                    let (deadline, early) = this.timer.deadline(turn);
-                    let sleep = this
-                        .sleep
-                        .get_or_insert_with(|| Box::pin(clock::sleep_until(deadline)));
-                    if sleep.deadline() != deadline {
-                        sleep.as_mut().reset(deadline);
-                    }
-                    if sleep.as_mut().poll(cx).is_pending() {
-                        return Poll::Pending;
-                    }
-                    this.timer.fired(turn, early);
+            let turn = match self.poll_entry(id, grant, cx.waker()) {
+                Ok(result) => return Poll::Ready(result),
+                Err(turn) => turn,
+            };
+            match self.actor_serves() {
+                Ok(true) => return Poll::Pending,
+                Ok(false) => {}
+                Err(error) => {
+                    self.cancel(id);
+                    return Poll::Ready(Err(error));
                 }
             }
+            // `None`: never due; only a withdrawal ahead or a close ends
+            // the wait, and both wake it.
+            let Some(turn) = turn else {
+                return Poll::Pending;
+            };
+            let (deadline, early) = timer.deadline(turn);
+            match sleep.as_mut().as_pin_mut() {
+                Some(armed) if armed.deadline() == deadline => {}
+                Some(armed) => armed.reset(deadline),
+                None => sleep.set(Some(clock::sleep_until(deadline))),
+            }
+            let Some(armed) = sleep.as_mut().as_pin_mut() else {
+                unreachable!("armed just above")
+            };
+            if armed.poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            timer.fired(turn, early);
         }
         // Timers that fired while the turn kept moving later (a rate change
         // in between): look again rather than wait for a wake that may not
@@ -69,13 +76,61 @@ impl Future for Waiter<'_> {
         cx.waker().wake_by_ref();
         Poll::Pending
     }
+
+    /// Polls entry `id`: its answer, or (still pending) the instant of its
+    /// turn, for waiters that keep their own timer. An entry that holds its
+    /// permits is counted as granted when committed, not here.
+    fn poll_entry(
+        &self,
+        id: u64,
+        grant: Grant,
+        waker: &Waker,
+    ) -> Result<Result<(), AcquireError>, Option<Instant>> {
+        let mut wakers = Vec::new();
+        let outcome = {
+            let mut queue = self.lock();
+            match queue.observe(id, waker) {
+                Ok(state) => Ok(state),
+                Err(idx) => {
+                    let view = self.schedule.view(&queue.books);
+                    let (turn, n) = queue.turn(idx);
+                    if self.schedule.is_due(&view, turn, n) {
+                        // Its turn has come, whether or not the actor has run.
+                        queue.grant_due(&self.schedule, &view, &mut wakers, Some(waker));
+                        Ok(queue.observe(id, waker).unwrap_or((State::Pending, 0)))
+                    } else {
+                        Err(self.schedule.instant(&view, turn, n))
+                    }
+                }
+            }
+        };
+        wake_all(wakers);
+        match outcome {
+            Ok((State::Granted, n)) => {
+                if grant == Grant::Spend {
+                    self.counters.granted(n);
+                }
+                tracing::trace!(limiter = self.kind.name(), id, "granted after waiting");
+                Ok(Ok(()))
+            }
+            Ok((State::Closed, _)) => Ok(Err(AcquireError::Closed)),
+            Ok((State::Pending, _)) => Err(Some(clock::now())),
+            Err(at) => Err(at),
+        }
+    }
 }
 
-impl Drop for Waiter<'_> {
+/// Withdraws a waiter's entry if the waiter is dropped before it is done.
+struct Withdraw<'a, S: Schedule> {
+    engine: &'a Engine<S>,
+    /// `None` once the waiter is done.
+    id: Option<u64>,
+}
+
+impl<S: Schedule> Drop for Withdraw<'_, S> {
     fn drop(&mut self) {
-        // A held waiter that completed hands its entry to a `Reservation`.
-        if !self.done {
-            self.engine.cancel(self.id);
+        if let Some(id) = self.id {
+            self.engine.cancel(id);
         }
     }
 }

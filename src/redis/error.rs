@@ -1,4 +1,4 @@
-//! The errors of a [`RedisFunnel`](super::RedisFunnel): a decision that did
+//! The errors of a [`RedisFunnel`]: a decision that did
 //! not grant, and a builder that could not build.
 
 use std::fmt;

@@ -1,4 +1,4 @@
-//! The counters of a [`RedisFunnel`](super::RedisFunnel), shared by its
+//! The counters of a [`RedisFunnel`], shared by its
 //! clones, and the snapshot users read.
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -4,8 +4,9 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::waiting::Core;
+use super::schedule::Smooth;
 use crate::algorithm::SmoothState;
+use crate::engine::{Engine, Kind};
 use crate::limiter::impl_limiter;
 use crate::reservation::Reservation;
 use crate::stats::Stats;
@@ -88,7 +89,7 @@ use crate::{AcquireError, ConfigError, TryAcquireError};
 /// ```
 #[derive(Clone)]
 pub struct SmoothBursty {
-    core: Arc<Core>,
+    core: Arc<Engine<Smooth>>,
 }
 
 /// Configures a [`SmoothBursty`]; made by [`SmoothBursty::builder`].
@@ -149,7 +150,7 @@ impl SmoothBurstyBuilder {
         let rate = self.permits_per_second.ok_or(ConfigError::MissingRate)?;
         let state = SmoothState::bursty(rate, self.max_burst)?;
         Ok(SmoothBursty {
-            core: Arc::new(Core::new("smooth_bursty", state)),
+            core: Engine::smooth(Kind::SmoothBursty, state),
         })
     }
 }

@@ -1,9 +1,10 @@
 //! Guava's smooth limiters, async: [`SmoothBursty`] and [`SmoothWarmingUp`].
 //!
-//! Both are cheap handles over one shared [`SmoothState`] behind a mutex;
-//! nothing is spawned. A caller reserves under the lock — Guava's
-//! `reserve`: it is told how long to wait, and its own cost is paid by the
-//! next caller — then sleeps its wait on its own tokio timer. Reservations
+//! Both are cheap handles over the crate's waiting engine, whose schedule
+//! (`schedule.rs`) is one [`SmoothState`](crate::algorithm::SmoothState) behind the engine's lock; nothing
+//! is spawned. A caller reserves under the lock — Guava's `reserve`: it is
+//! told how long to wait, and its own cost is paid by the next caller —
+//! then waits in the engine's queue on its own tokio timer. Reservations
 //! are made in call order, so callers are served in that order; an idle
 //! limiter has no timer armed and costs nothing.
 //!
@@ -11,10 +12,8 @@
 //!
 //! * **Time.** The limiter's origin is the instant `build()` ran; `now` is
 //!   tokio's clock minus the origin, so a paused clock drives it exactly.
-//! * **Close.** Sleeping waiters race their timer with a [`Notify`]: the
-//!   `Notified` future is created before the reservation checks the closed
-//!   flag (set under the lock), so a `close()` after that check always
-//!   wakes it.
+//! * **Close.** As for every limiter on the engine: the queue's waiters are
+//!   failed and woken under its lock.
 //! * **Cancellation.** Each state change (reservation, rate change,
 //!   give-back) gets a fresh version number; a waiter remembers the state
 //!   before its reservation and the version its reservation produced. If it
@@ -25,14 +24,14 @@
 //!   its debt (Guava's pay-later model: each caller's wait is the previous
 //!   callers' cost), and re-pricing them is beyond Guava's model; instead
 //!   the part of its cost not yet elapsed is given back
-//!   ([`SmoothState`]'s `give_back`): the next free ticket moves back by it
+//!   ([`SmoothState`](crate::algorithm::SmoothState)'s `give_back`): the next free ticket moves back by it
 //!   and every reservation after it moves up by as much, keeping its own
 //!   price. The stored permits it spent stay spent (which only ever slows
 //!   the limiter). So a service whose callers time out keeps its rate: the
-//!   survivors inherit the turns of those who gave up. The live
-//!   reservations (sleeping waiters, held [`Reservation`]s) sit in a queue
-//!   in reservation order with their wakers, so that a give-back can re-arm
-//!   the timers of those after it.
+//!   survivors inherit the turns of those who gave up. The reservations
+//!   that can still be given back (waiters, held [`Reservation`](crate::Reservation)s) are the
+//!   engine's queue entries, so a give-back re-arms the timers of those
+//!   after it.
 //! * **Timer ticks.** tokio's timer fires on 1 ms ticks, so a waiter due at
 //!   10 µs wakes at 1 ms. If its caller then asks again at once, Guava's
 //!   model would count the time it overslept as *idle* time: stored permits
@@ -48,7 +47,7 @@
 //!   wake (never in paused-clock tests whose deadlines fall on ticks).
 
 mod bursty;
-mod waiting;
+mod schedule;
 mod warming_up;
 
 pub use bursty::{SmoothBursty, SmoothBurstyBuilder};

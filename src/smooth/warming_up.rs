@@ -4,8 +4,9 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::waiting::Core;
+use super::schedule::Smooth;
 use crate::algorithm::SmoothState;
+use crate::engine::{Engine, Kind};
 use crate::limiter::impl_limiter;
 use crate::reservation::Reservation;
 use crate::stats::Stats;
@@ -62,7 +63,7 @@ use crate::{AcquireError, ConfigError, TryAcquireError};
 /// ```
 #[derive(Clone)]
 pub struct SmoothWarmingUp {
-    core: Arc<Core>,
+    core: Arc<Engine<Smooth>>,
 }
 
 /// Configures a [`SmoothWarmingUp`]; made by [`SmoothWarmingUp::builder`].
@@ -140,7 +141,7 @@ impl SmoothWarmingUpBuilder {
         })?;
         let state = SmoothState::warming_up(rate, warmup, self.cold_factor)?;
         Ok(SmoothWarmingUp {
-            core: Arc::new(Core::new("smooth_warming_up", state)),
+            core: Engine::smooth(Kind::SmoothWarmingUp, state),
         })
     }
 }

@@ -1,0 +1,232 @@
+//! The schedule of the token bucket, the leaky bucket and the funnel: the
+//! lock-free GCRA [`Cell`], read in exact scaled time.
+//!
+//! The three differ only in their [`Release`] rule (tokens: a waiter
+//! proceeds once the bucket is back within capacity; water: once the water
+//! ahead of it has drained, and a request that does not fit overflows) and
+//! in whether they spawn an actor. An entry's turn is the end of its
+//! reservation; a withdrawn one refunds its undrained part to the cell and
+//! moves every later reservation forward by as much.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{Engine, Kind, Reserve, Schedule};
+use crate::algorithm::{Params, Release};
+use crate::cell::{Cell, Wait};
+use crate::{ConfigError, Rate};
+
+/// The schedule over one GCRA cell.
+pub(crate) struct Bucket {
+    pub(crate) cell: Cell,
+    release: Release,
+    /// Tokens a newly built bucket lacks (capacity − initial).
+    fresh_deficit: u32,
+}
+
+/// How a bucket engine is built.
+pub(crate) struct Setup {
+    pub(crate) kind: Kind,
+    pub(crate) rate: Rate,
+    pub(crate) params: Params,
+    /// Tokens the bucket lacks when built (0: empty of water / full of
+    /// tokens).
+    pub(crate) deficit: u32,
+    pub(crate) release: Release,
+    pub(crate) spawn_actor: bool,
+}
+
+/// The interval of the cell and the time, in its scaled units.
+pub(crate) struct View {
+    params: Params,
+    now: u128,
+}
+
+impl Bucket {
+    pub(crate) fn new(params: Params, deficit: u32, release: Release) -> Bucket {
+        Bucket {
+            cell: Cell::new(params, params.cost(deficit), crate::clock::now()),
+            release,
+            fresh_deficit: deficit,
+        }
+    }
+
+    /// A view at `now` scaled units after the origin.
+    #[cfg(test)]
+    pub(crate) fn view_at(&self, now: u128) -> View {
+        View {
+            params: self.cell.snapshot().params,
+            now,
+        }
+    }
+
+    fn ready(&self, view: &View, end: u128, n: u32) -> u128 {
+        view.params.ready(end, n, self.release)
+    }
+}
+
+impl Schedule for Bucket {
+    /// The end of the entry's reservation, in scaled units.
+    type Turn = u128;
+    /// The rate as configured (the cell keeps it reduced).
+    type Books = Rate;
+    type View = View;
+
+    fn capacity(&self) -> u32 {
+        self.cell.capacity()
+    }
+
+    fn is_closed(&self) -> bool {
+        self.cell.is_closed()
+    }
+
+    fn close(&self) {
+        self.cell.close();
+    }
+
+    #[inline]
+    fn try_take(engine: &Engine<Self>, n: u32) -> Result<(), Option<Duration>> {
+        let cell = &engine.schedule().cell;
+        cell.try_pour(cell.now_nanos(), n)
+    }
+
+    fn reserve_unlocked(&self, n: u32, max_wait: Option<Duration>) -> Option<Reserve<()>> {
+        let now = self.cell.now_nanos();
+        let max_wait = max_wait.map(|d| d.as_nanos());
+        match self
+            .cell
+            .reserve(now, n, self.release, max_wait, Wait::Refuse)
+        {
+            Reserve::WouldWait => None,
+            outcome => Some(outcome.map(|_| ())),
+        }
+    }
+
+    fn reserve(&self, _: &mut Rate, n: u32, max_wait: Option<Duration>) -> Reserve<u128> {
+        // Read the clock under the lock: time may have passed while waiting
+        // for it, and a stale `now` overstates the water (a shaper would
+        // overflow wrongly).
+        let now = self.cell.now_nanos();
+        let max_wait = max_wait.map(|d| d.as_nanos());
+        self.cell
+            .reserve(now, n, self.release, max_wait, Wait::Queue)
+            .map(|booking| booking.end)
+    }
+
+    fn follow(&self, _: &mut u128, _: &u128) {
+        // Each reservation ends after the one before it: always in order.
+    }
+
+    fn view(&self, _: &Rate) -> View {
+        let s = self.cell.snapshot();
+        View {
+            params: s.params,
+            now: s.params.scale_nanos(self.cell.now_nanos()),
+        }
+    }
+
+    fn is_due(&self, view: &View, end: &u128, n: u32) -> bool {
+        self.ready(view, *end, n) <= view.now
+    }
+
+    fn instant(&self, view: &View, end: &u128, n: u32) -> Option<Instant> {
+        Some(
+            self.cell
+                .instant_at(&view.params, self.ready(view, *end, n)),
+        )
+    }
+
+    fn granted(&self, _: &mut Rate, view: &View, end: &u128, n: u32) {
+        self.cell
+            .note_late_release(&view.params, self.ready(view, *end, n), view.now);
+    }
+
+    fn withdraw<'a>(
+        &self,
+        _: &mut Rate,
+        view: &View,
+        end: u128,
+        n: u32,
+        behind: impl Iterator<Item = &'a mut u128>,
+    ) -> bool {
+        let refund = view.params.refund(end, n, view.now);
+        if refund == 0 {
+            return false;
+        }
+        for later in behind {
+            *later -= refund;
+        }
+        self.cell.refund(refund);
+        true
+    }
+
+    fn is_fresh(&self, _: &Rate) -> bool {
+        let now_nanos = self.cell.now_nanos();
+        let s = self.cell.snapshot();
+        let now = s.params.scale_nanos(now_nanos);
+        !self.cell.has_credit(now_nanos)
+            && s.tat().max(now) == now + s.params.cost(self.fresh_deficit)
+    }
+
+    fn available(&self) -> Option<u32> {
+        let now = self.cell.now_nanos();
+        let s = self.cell.snapshot();
+        Some(s.params.available(s.tat(), s.params.scale_nanos(now)))
+    }
+
+    fn debug_fields(&self, rate: &Rate, f: &mut fmt::DebugStruct<'_, '_>) {
+        f.field("rate", rate).field("capacity", &self.capacity());
+    }
+}
+
+impl Engine<Bucket> {
+    /// Builds a bucket and, if asked, spawns its actor on the current
+    /// runtime.
+    pub(crate) fn start(setup: &Setup) -> Result<Arc<Engine<Bucket>>, ConfigError> {
+        let runtime = if setup.spawn_actor {
+            Some(tokio::runtime::Handle::try_current().map_err(|_| ConfigError::NoRuntime)?)
+        } else {
+            None
+        };
+        let bucket = Bucket::new(setup.params, setup.deficit, setup.release);
+        Ok(Engine::new(setup.kind, bucket, setup.rate, runtime))
+    }
+
+    pub(crate) fn rate(&self) -> Rate {
+        self.lock().books
+    }
+
+    /// Whole tokens / units of free room at this instant.
+    pub(crate) fn available(&self) -> u32 {
+        self.schedule().available().unwrap_or(0)
+    }
+
+    /// Units of water (poured and reserved, not yet drained), rounded up.
+    pub(crate) fn level(&self) -> u32 {
+        let cell = &self.schedule().cell;
+        let now = cell.now_nanos();
+        let s = cell.snapshot();
+        s.params.level(s.tat(), s.params.scale_nanos(now))
+    }
+
+    /// Changes the rate from now on; water already in the bucket (and the
+    /// reservations of waiters) drains at the new rate.
+    pub(crate) fn set_rate(&self, rate: Rate) -> Result<(), ConfigError> {
+        let params = Params::new(rate, self.capacity())?;
+        self.change(|bucket, queue| {
+            let now = bucket.cell.now_nanos();
+            bucket.cell.set_params(params, now, |old, new| {
+                for end in queue.turns_mut() {
+                    *end = old.rescale(new, *end, now);
+                }
+            });
+            queue.books = rate;
+            ((), true)
+        });
+        tracing::debug!(limiter = self.kind.name(), %rate, "rate changed");
+        Ok(())
+    }
+}

@@ -1,0 +1,332 @@
+//! The FIFO queue of entries: requests that have reserved permits but may
+//! not proceed yet, and granted requests whose permits are held.
+//!
+//! A request reserves its place in the schedule when it arrives, so its
+//! turn — the instant it may proceed — is fixed at once and FIFO order is a
+//! property of the schedule, not of who is woken first: a later
+//! `try_acquire` sees the reservations ahead of it and cannot jump them, and
+//! a large request at the head is never starved by small ones behind it.
+//!
+//! Entries are in arrival order, which is also the order of their turns,
+//! and the ones still pending are always a suffix (grants take a prefix).
+//!
+//! # Withdrawal
+//!
+//! An entry dropped before it is spent gives its reservation back: the
+//! schedule takes back the part not yet used, and every entry behind it
+//! moves forward by the same amount — for the buckets exactly the schedule
+//! they would have had if it had never come. This happens synchronously in
+//! `Drop`, under the engine's lock, so a `try_acquire` right after the drop
+//! already sees the room.
+
+use std::collections::VecDeque;
+use std::task::Waker;
+
+use super::Schedule;
+
+/// What a request does with its permits once its turn comes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Grant {
+    /// Spends them: the entry leaves the queue when its waiter sees it
+    /// granted (`acquire`).
+    Spend,
+    /// Holds them: the entry stays in the queue until a `Reservation`
+    /// commits or drops it (`reserve`).
+    Hold,
+}
+
+/// Where an entry stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum State {
+    /// Waiting for its turn.
+    Pending,
+    /// Its turn has come; the waiter has not observed it yet (or a
+    /// `Reservation` holds it).
+    Granted,
+    /// The limiter was closed before its turn.
+    Closed,
+}
+
+struct Entry<T> {
+    id: u64,
+    n: u32,
+    turn: T,
+    state: State,
+    grant: Grant,
+    waker: Option<Waker>,
+}
+
+/// The entries of one limiter, and the schedule's books. Always used under
+/// the engine's lock.
+pub(crate) struct Queue<S: Schedule> {
+    entries: VecDeque<Entry<S::Turn>>,
+    next_id: u64,
+    pub(crate) closed: bool,
+    /// The part of the schedule kept under the lock.
+    pub(crate) books: S::Books,
+}
+
+impl<S: Schedule> Queue<S> {
+    pub(crate) fn new(books: S::Books) -> Queue<S> {
+        Queue {
+            entries: VecDeque::new(),
+            next_id: 0,
+            closed: false,
+            books,
+        }
+    }
+
+    /// Appends a reservation that must wait; returns its id and whether it
+    /// is the first pending one (the timer must be re-armed for it).
+    pub(crate) fn push(&mut self, n: u32, turn: S::Turn, grant: Grant) -> (u64, bool) {
+        let first = self.first_pending().is_none();
+        (self.append(n, turn, State::Pending, grant), first)
+    }
+
+    /// Appends a held reservation that may proceed at once.
+    pub(crate) fn push_granted(&mut self, n: u32, turn: S::Turn) -> u64 {
+        self.append(n, turn, State::Granted, Grant::Hold)
+    }
+
+    fn append(&mut self, n: u32, turn: S::Turn, state: State, grant: Grant) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.entries.push_back(Entry {
+            id,
+            n,
+            turn,
+            state,
+            grant,
+            waker: None,
+        });
+        id
+    }
+
+    /// The turn of the last entry.
+    pub(crate) fn last(&self) -> Option<&S::Turn> {
+        self.entries.back().map(|e| &e.turn)
+    }
+
+    /// Removes a held reservation that is being spent; returns its permits.
+    pub(crate) fn commit(&mut self, id: u64) -> u32 {
+        match self.find(id) {
+            Some(idx) => self.entries.remove(idx).map_or(0, |e| e.n),
+            None => 0,
+        }
+    }
+
+    /// Whether no entry at all (pending, or granted and not yet observed or
+    /// still held) is in the queue.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Entries that have not proceeded yet.
+    pub(crate) fn pending(&self) -> usize {
+        self.entries
+            .iter()
+            .filter(|e| e.state == State::Pending)
+            .count()
+    }
+
+    fn find(&self, id: u64) -> Option<usize> {
+        self.entries.binary_search_by_key(&id, |e| e.id).ok()
+    }
+
+    fn first_pending(&self) -> Option<&Entry<S::Turn>> {
+        self.entries.iter().find(|e| e.state == State::Pending)
+    }
+
+    /// When the first pending entry may proceed (`None`: nobody waits, or
+    /// never).
+    pub(crate) fn next_turn(&self, schedule: &S, view: &S::View) -> Option<tokio::time::Instant> {
+        self.first_pending()
+            .and_then(|e| schedule.instant(view, &e.turn, e.n))
+    }
+
+    /// Grants every pending entry whose turn has come (a prefix),
+    /// collecting their wakers, except one that would wake `polling` (the
+    /// task granting them, which looks at its own entry next); returns how
+    /// many.
+    pub(crate) fn grant_due(
+        &mut self,
+        schedule: &S,
+        view: &S::View,
+        wakers: &mut Vec<Waker>,
+        polling: Option<&Waker>,
+    ) -> usize {
+        let mut granted = 0;
+        for e in &mut self.entries {
+            if e.state != State::Pending {
+                continue;
+            }
+            if !schedule.is_due(view, &e.turn, e.n) {
+                break;
+            }
+            schedule.granted(&mut self.books, view, &e.turn, e.n);
+            e.state = State::Granted;
+            granted += 1;
+            match e.waker.take() {
+                Some(waker) if !polling.is_some_and(|p| waker.will_wake(p)) => wakers.push(waker),
+                _ => {}
+            }
+        }
+        granted
+    }
+
+    /// The state of entry `id` and its permits; a granted or closed entry
+    /// is removed (the waiter has observed it), unless it is held. For a
+    /// pending one, stores `waker` and returns its index (see
+    /// [`turn`](Self::turn)).
+    pub(crate) fn observe(&mut self, id: u64, waker: &Waker) -> Result<(State, u32), usize> {
+        let Some(idx) = self.find(id) else {
+            // Entries leave only when observed or withdrawn, by their owner.
+            return Ok((State::Closed, 0));
+        };
+        let e = &mut self.entries[idx];
+        match e.state {
+            State::Pending => {
+                if !e.waker.as_ref().is_some_and(|w| w.will_wake(waker)) {
+                    e.waker = Some(waker.clone());
+                }
+                Err(idx)
+            }
+            State::Granted if e.grant == Grant::Hold => Ok((State::Granted, e.n)),
+            state => {
+                let n = e.n;
+                self.entries.remove(idx);
+                Ok((state, n))
+            }
+        }
+    }
+
+    /// The turn and the permits of the entry at `idx`.
+    pub(crate) fn turn(&self, idx: usize) -> (&S::Turn, u32) {
+        let e = &self.entries[idx];
+        (&e.turn, e.n)
+    }
+
+    /// Removes entry `id`, which gave up, and has the schedule take back
+    /// what it had not used. Returns the index of the entries behind it
+    /// when they moved forward.
+    pub(crate) fn withdraw(&mut self, id: u64, schedule: &S, view: &S::View) -> Option<usize> {
+        let idx = self.find(id)?;
+        let e = self.entries.remove(idx)?;
+        if e.state == State::Closed {
+            return None;
+        }
+        let behind = self.entries.range_mut(idx..).map(|e| &mut e.turn);
+        schedule
+            .withdraw(&mut self.books, view, e.turn, e.n, behind)
+            .then_some(idx)
+    }
+
+    /// Marks every pending entry closed, collecting their wakers.
+    pub(crate) fn close(&mut self, wakers: &mut Vec<Waker>) {
+        self.closed = true;
+        for e in &mut self.entries {
+            if e.state == State::Pending {
+                e.state = State::Closed;
+                wakers.extend(e.waker.take());
+            }
+        }
+    }
+
+    /// Takes the wakers of every pending entry from index `from` on (their
+    /// turn moved, or the actor is gone); each registers again when polled,
+    /// so one that is already woken is not woken again.
+    pub(crate) fn wake_pending(&mut self, from: usize, wakers: &mut Vec<Waker>) {
+        for e in self.entries.range_mut(from..) {
+            if e.state == State::Pending {
+                wakers.extend(e.waker.take());
+            }
+        }
+    }
+
+    /// Every entry's turn, for a change of rate that moves them all.
+    pub(crate) fn turns_mut(&mut self) -> impl Iterator<Item = &mut S::Turn> {
+        self.entries.iter_mut().map(|e| &mut e.turn)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::task::Waker;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::Rate;
+    use crate::algorithm::{Params, Release};
+    use crate::engine::Bucket;
+
+    const MS: u128 = 1_000_000;
+
+    fn setup(capacity: u32) -> (Bucket, Queue<Bucket>) {
+        let rate = Rate::every(Duration::from_millis(100));
+        let params = Params::new(rate, capacity).unwrap();
+        (Bucket::new(params, 0, Release::Tokens), Queue::new(rate))
+    }
+
+    /// The first pending entry's turn, from the bucket's origin.
+    fn next_turn(q: &Queue<Bucket>, b: &Bucket) -> Option<Duration> {
+        let view = b.view_at(0);
+        let origin = b.instant(&view, &0, 0)?;
+        Some(q.next_turn(b, &view)? - origin)
+    }
+
+    #[test]
+    fn withdrawal_shifts_everyone_behind() {
+        let (b, mut q) = setup(1);
+        // Reservations ending at 100, 300 (n = 2), 400 ms: ready at 0, 200, 300.
+        let (first, is_first) = q.push(1, 100 * MS, Grant::Spend);
+        assert!(is_first);
+        let (second, is_first) = q.push(2, 300 * MS, Grant::Spend);
+        assert!(!is_first);
+        let (third, _) = q.push(1, 400 * MS, Grant::Spend);
+        let mut wakers = vec![];
+        assert_eq!(q.grant_due(&b, &b.view_at(0), &mut wakers, None), 1);
+        assert_eq!(next_turn(&q, &b), Some(Duration::from_millis(200)));
+        // The second gives up at 50 ms: all 200 ms of it is refunded.
+        assert_eq!(q.withdraw(second, &b, &b.view_at(50 * MS)), Some(1));
+        assert_eq!(next_turn(&q, &b), Some(Duration::from_millis(100)));
+        assert_eq!(q.pending(), 1);
+        let waker = Waker::noop();
+        assert_eq!(q.observe(first, waker), Ok((State::Granted, 1)));
+        // The first has left the queue, observed: the third is at its head.
+        assert_eq!(q.observe(third, waker), Err(0));
+        assert_eq!(q.turn(0), (&(200 * MS), 1));
+    }
+
+    #[test]
+    fn refund_is_only_the_undrained_part() {
+        let (b, mut q) = setup(1);
+        let (first, _) = q.push(2, 200 * MS, Grant::Spend);
+        let (second, _) = q.push(1, 300 * MS, Grant::Spend);
+        let (third, _) = q.push(1, 400 * MS, Grant::Spend);
+        // The first was due at 100 ms; withdrawn at 150 ms, half of it has
+        // drained: 50 ms come back.
+        let at = b.view_at(150 * MS);
+        assert_eq!(q.withdraw(first, &b, &at), Some(0));
+        let waker = Waker::noop();
+        assert_eq!(q.observe(third, waker), Err(1));
+        assert_eq!(q.turn(1), (&(350 * MS), 1));
+        // The second now ends at 250 ms: none of it has drained.
+        assert_eq!(q.withdraw(second, &b, &at), Some(0));
+        assert_eq!(q.observe(third, waker), Err(0));
+        assert_eq!(q.turn(0), (&(250 * MS), 1));
+    }
+
+    #[test]
+    fn close_marks_pending_only() {
+        let (b, mut q) = setup(1);
+        let (first, _) = q.push(1, 100 * MS, Grant::Spend);
+        let (second, _) = q.push(1, 200 * MS, Grant::Spend);
+        let mut wakers = vec![];
+        q.grant_due(&b, &b.view_at(0), &mut wakers, None);
+        q.close(&mut wakers);
+        let waker = Waker::noop();
+        assert_eq!(q.observe(first, waker), Ok((State::Granted, 1)));
+        assert_eq!(q.observe(second, waker), Ok((State::Closed, 1)));
+        assert_eq!(q.withdraw(second, &b, &b.view_at(0)), None);
+    }
+}

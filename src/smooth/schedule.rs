@@ -1,0 +1,337 @@
+//! The schedule of the smooth limiters: Guava's [`SmoothState`] behind the
+//! engine's lock, with a lock-free refusal in front of it.
+//!
+//! An entry's turn is the instant Guava's `reserve` told it to wait until.
+//! Each change of the state (a reservation, a rate change, a give-back)
+//! gets a fresh version number, and an entry remembers what it changed in
+//! the state (the stored permits and the next free ticket, as they were)
+//! and the version it produced. Withdrawn while the limiter is still at
+//! that version, the old state is put back, exactly as if it had never
+//! arrived; otherwise the part of its cost not yet elapsed is given back
+//! (`SmoothState::give_back`) and every entry after it moves forward by as
+//! much (see the module notes of `smooth`).
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::algorithm::{Reserve, SmoothState, Span, Undo};
+use crate::cell::{CREDIT_GRACE, CREDIT_REACH};
+use crate::engine::{Engine, Kind, Schedule};
+use crate::{ConfigError, clock};
+
+/// The lock-free part of a smooth limiter.
+pub(super) struct Smooth {
+    /// Time zero of the state machine.
+    origin: clock::Origin,
+    /// Set under the lock; read without it on the fast checks.
+    closed: AtomicBool,
+    /// The state's next free ticket, in nanoseconds since the origin
+    /// (rounded up), published under the lock after every change: a
+    /// `try_acquire` that comes before it owes, and is refused without the
+    /// lock (see [`Smooth::try_take`]).
+    next_free: AtomicU64,
+}
+
+/// The state machine and its versions, under the engine's lock.
+pub(super) struct Books {
+    state: SmoothState,
+    /// The version of `state`: the number of the change that produced it.
+    version: u64,
+    /// The last version number handed out (versions are never reused).
+    versions: u64,
+    /// After a waiter woke late, arrivals before this time (since the
+    /// origin) are taken as on time (see the module notes of `smooth`).
+    credit_until: Duration,
+}
+
+/// Where an entry lies, and what it takes to withdraw it.
+pub(super) struct Turn {
+    /// Its place on the time line (moved back when an earlier entry is
+    /// given back).
+    span: Span,
+    /// When its caller may go, since the origin (`None`: never).
+    due: Option<Duration>,
+    /// The version its reservation produced.
+    version: u64,
+    /// The version before it.
+    previous: u64,
+    /// What it changed in the state, as it was before.
+    before: Undo,
+}
+
+impl Books {
+    /// The time to present to the state machine for an arrival at `now`:
+    /// within the credit window, the next free ticket if it is earlier, but
+    /// never more than [`CREDIT_REACH`] before `now`.
+    fn arrival(&self, now: Duration) -> Duration {
+        if now < self.credit_until {
+            now.min(self.state.next_free())
+                .max(now.saturating_sub(CREDIT_REACH))
+        } else {
+            now
+        }
+    }
+
+    /// Records a change of state; returns the previous and the new version.
+    fn changed(&mut self) -> (u64, u64) {
+        let previous = self.version;
+        self.versions += 1;
+        self.version = self.versions;
+        (previous, self.version)
+    }
+}
+
+impl Smooth {
+    /// Time since the origin on tokio's clock.
+    fn now(&self) -> Duration {
+        Duration::from_nanos(self.origin.elapsed_nanos())
+    }
+
+    /// Publishes the state's next free ticket for the lock-free refusals;
+    /// called under the lock after every change of the state.
+    fn publish(&self, books: &Books) {
+        self.next_free
+            .store(books.state.next_free_nanos(), Ordering::Release);
+    }
+}
+
+impl Schedule for Smooth {
+    type Turn = Turn;
+    type Books = Books;
+    /// Time since the origin.
+    type View = Duration;
+
+    fn capacity(&self) -> u32 {
+        // Guava pays any weight later.
+        u32::MAX
+    }
+
+    fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+    }
+
+    fn try_take(engine: &Engine<Self>, n: u32) -> Result<(), Option<Duration>> {
+        let smooth = engine.schedule();
+        if smooth.is_closed() {
+            return Err(None);
+        }
+        let now = smooth.now();
+        // A caller that comes before the next free ticket owes: refused
+        // without the lock, with what the locked path would say (the ticket
+        // is after `now`, so after the arrival time too, which is never
+        // later). A ticket published a moment ago or about to move back
+        // reads as a refusal just before or after that change.
+        let owed = Duration::from_nanos(smooth.next_free.load(Ordering::Acquire));
+        if owed > now {
+            return Err(Some(owed.saturating_sub(now)));
+        }
+        let mut queue = engine.lock();
+        if smooth.is_closed() {
+            return Err(None);
+        }
+        let books = &mut queue.books;
+        let at = books.arrival(now);
+        if books
+            .state
+            .try_reserve(at, n, now.saturating_sub(at))
+            .is_some()
+        {
+            books.changed();
+            smooth.publish(books);
+            Ok(())
+        } else {
+            Err(Some(books.state.next_free().saturating_sub(now)))
+        }
+    }
+
+    fn reserve_unlocked(&self, _: u32, _: Option<Duration>) -> Option<Reserve<()>> {
+        None
+    }
+
+    fn reserve(&self, books: &mut Books, n: u32, max_wait: Option<Duration>) -> Reserve<Turn> {
+        if self.is_closed() {
+            return Reserve::Closed;
+        }
+        let now = self.now();
+        let at = books.arrival(now);
+        let before = books.state.undo_point();
+        let (wait, span) = match max_wait {
+            None => books.state.reserve_span(at, n),
+            Some(timeout) => {
+                // The timeout counts from `now`, not from `at`.
+                let slack = timeout.saturating_add(now.saturating_sub(at));
+                match books.state.try_reserve_span(at, n, slack) {
+                    Some(reserved) => reserved,
+                    None => return Reserve::TooLong,
+                }
+            }
+        };
+        let (previous, version) = books.changed();
+        self.publish(books);
+        // `None`: beyond `Duration::MAX`, never due.
+        let due = at.checked_add(wait);
+        let turn = Turn {
+            span,
+            due,
+            version,
+            previous,
+            before,
+        };
+        if due.is_some_and(|due| due <= now) {
+            Reserve::Ready(turn)
+        } else {
+            Reserve::Queued(turn)
+        }
+    }
+
+    fn follow(&self, turn: &mut Turn, ahead: &Turn) {
+        // Guava's truncation to whole microseconds can put a reservation
+        // made a moment later a fraction of a microsecond earlier.
+        turn.due = match (turn.due, ahead.due) {
+            (Some(due), Some(ahead)) => Some(due.max(ahead)),
+            _ => None,
+        };
+    }
+
+    fn view(&self, _: &Books) -> Duration {
+        self.now()
+    }
+
+    fn is_due(&self, now: &Duration, turn: &Turn, _: u32) -> bool {
+        turn.due.is_some_and(|due| due <= *now)
+    }
+
+    fn instant(&self, _: &Duration, turn: &Turn, _: u32) -> Option<Instant> {
+        turn.due
+            .and_then(|due| self.origin.instant().checked_add(due))
+    }
+
+    fn granted(&self, books: &mut Books, now: &Duration, turn: &Turn, _: u32) {
+        if turn.due.is_some_and(|due| *now > due) {
+            // Late on the timer: see the module notes of `smooth`.
+            books.credit_until = books.credit_until.max(now.saturating_add(CREDIT_GRACE));
+        }
+    }
+
+    fn withdraw<'a>(
+        &self,
+        books: &mut Books,
+        now: &Duration,
+        turn: Turn,
+        _: u32,
+        behind: impl Iterator<Item = &'a mut Turn>,
+    ) -> bool {
+        if self.is_closed() {
+            return false; // nothing is given back any more
+        }
+        if books.version == turn.version {
+            books.state.undo(turn.before);
+            books.version = turn.previous;
+            self.publish(books);
+            return false;
+        }
+        let given = books.state.give_back(*now, turn.span);
+        self.publish(books);
+        if given == 0 {
+            return false;
+        }
+        books.changed();
+        // Picoseconds; whole nanoseconds off the waiters' due times (never
+        // earlier than their turn).
+        let shift = Duration::from_nanos(u64::try_from(given / 1000).unwrap_or(u64::MAX));
+        for later in behind {
+            later.span = later.span.shift(given);
+            later.due = later.due.map(|due| due.saturating_sub(shift));
+        }
+        true
+    }
+
+    fn is_fresh(&self, books: &Books) -> bool {
+        let now = self.now();
+        if now < books.credit_until || books.state.next_free() > now {
+            return false;
+        }
+        // A new limiter starts cold (warm-up) or empty (bursty).
+        let fresh = if books.state.warmup().is_some() {
+            books.state.max_permits()
+        } else {
+            0.0
+        };
+        #[expect(
+            clippy::float_cmp,
+            reason = "exact on purpose: resync caps at `max_permits` itself"
+        )]
+        let same = books.state.stored_permits(now) == fresh;
+        same
+    }
+
+    fn available(&self) -> Option<u32> {
+        None
+    }
+
+    fn debug_fields(&self, books: &Books, f: &mut fmt::DebugStruct<'_, '_>) {
+        let now = books.arrival(self.now());
+        f.field("rate", &books.state.rate())
+            .field("stored_permits", &books.state.stored_permits(now))
+            .field("max_permits", &books.state.max_permits())
+            .field("next_free", &books.state.next_free());
+    }
+}
+
+impl Engine<Smooth> {
+    /// A smooth limiter over `state`; nothing is spawned.
+    pub(super) fn smooth(kind: Kind, state: SmoothState) -> Arc<Engine<Smooth>> {
+        let smooth = Smooth {
+            origin: clock::Origin::now(),
+            closed: AtomicBool::new(false),
+            next_free: AtomicU64::new(0),
+        };
+        let books = Books {
+            state,
+            version: 0,
+            versions: 0,
+            credit_until: Duration::ZERO,
+        };
+        Engine::new(kind, smooth, books, None)
+    }
+
+    /// The stable rate, in permits per second.
+    pub(super) fn rate(&self) -> f64 {
+        self.lock().books.state.rate()
+    }
+
+    pub(super) fn stored_permits(&self) -> f64 {
+        let queue = self.lock();
+        let now = queue.books.arrival(self.schedule().now());
+        queue.books.state.stored_permits(now)
+    }
+
+    /// Changes the stable rate from now on; the turns of waiters stay as
+    /// they were (Guava's `setRate`).
+    pub(super) fn set_rate(&self, permits_per_second: f64) -> Result<(), ConfigError> {
+        self.change(|smooth, queue| {
+            let books = &mut queue.books;
+            let at = books.arrival(smooth.now());
+            let changed = books.state.set_rate(at, permits_per_second);
+            if changed.is_ok() {
+                books.changed();
+                smooth.publish(books);
+            }
+            (changed, false)
+        })?;
+        tracing::debug!(
+            limiter = self.kind().name(),
+            permits_per_second,
+            "rate changed"
+        );
+        Ok(())
+    }
+}
