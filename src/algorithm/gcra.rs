@@ -65,10 +65,10 @@ pub(crate) enum Release {
     Water,
 }
 
-/// A reservation: the request's water ends at `end`; the caller may proceed
-/// at `ready`. Both in scaled units.
+/// A reservation's place on the time line: the request's water ends at
+/// `end`; the caller may proceed at `ready`. Both in scaled units.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Booking {
+pub(crate) struct Place {
     pub(crate) end: u128,
     pub(crate) ready: u128,
 }
@@ -223,12 +223,12 @@ impl Params {
         arrival: u128,
         n: u32,
         release: Release,
-    ) -> Result<Booking, Overflow> {
+    ) -> Result<Place, Overflow> {
         let end = add(tat.max(arrival), self.cost(n));
         if release == Release::Water && end.saturating_sub(now) > self.tau() {
             return Err(Overflow);
         }
-        Ok(Booking {
+        Ok(Place {
             end,
             ready: self.ready(end, n, release),
         })

@@ -46,7 +46,7 @@ mod smooth;
 
 use std::time::Duration;
 
-pub(crate) use gcra::{Booking, MAX_TIME, Params, Release};
+pub(crate) use gcra::{Place, MAX_TIME, Params, Release};
 pub use smooth::SmoothState;
 pub(crate) use smooth::{Span, Undo};
 

@@ -34,7 +34,7 @@ enum Op {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Outcome {
     Pour(Result<(), Option<Duration>>),
-    Reserve(Reserve<Booking>),
+    Reserve(Reserve<Place>),
     SetParams,
     Seen(State),
     Refund,

@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::algorithm::{Booking, MAX_TIME, Params, Release, Reserve};
+use crate::algorithm::{Place, MAX_TIME, Params, Release, Reserve};
 use crate::clock;
 use crate::sync::{AtomicU64, AtomicU128, Ordering, fence, spin_loop};
 
@@ -221,7 +221,7 @@ impl Cell {
         release: Release,
         max_wait_nanos: Option<u128>,
         wait: Wait,
-    ) -> Reserve<Booking> {
+    ) -> Reserve<Place> {
         loop {
             let s = self.read();
             if s.is_closed() {

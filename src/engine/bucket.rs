@@ -113,7 +113,7 @@ impl Schedule for Bucket {
         let max_wait = max_wait.map(|d| d.as_nanos());
         self.cell
             .reserve(now, n, self.release, max_wait, Wait::Queue)
-            .map(|booking| booking.end)
+            .map(|place| place.end)
     }
 
     fn follow(&self, _: &mut u128, _: &u128) {
