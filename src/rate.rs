@@ -55,6 +55,11 @@ impl Rate {
         Rate::per(n, Duration::from_secs(3600))
     }
 
+    /// `n` permits per day (24 hours).
+    pub const fn per_day(n: u32) -> Rate {
+        Rate::per(n, Duration::from_secs(86_400))
+    }
+
     /// `n` permits per `period`.
     pub const fn per(n: u32, period: Duration) -> Rate {
         Rate {
