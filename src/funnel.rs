@@ -1,13 +1,12 @@
 //! `Funnel`: the lazy leaky-bucket meter, with no background task.
 
 use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
-use crate::algorithm::{Params, Release};
-use crate::engine::{Bucket, Engine, Kind, Setup};
+use crate::algorithm::Release;
+use crate::engine::{BucketEngine, Kind};
 use crate::limiter::impl_limiter;
-use crate::{AcquireError, ConfigError, Rate, Reservation, Stats, TryAcquireError};
+use crate::{AcquireError, ConfigError, Quota, Rate, Reservation, Stats, TryAcquireError};
 
 /// The funnel: a leaky-bucket meter computed lazily, with no task at all.
 ///
@@ -38,7 +37,7 @@ use crate::{AcquireError, ConfigError, Rate, Reservation, Stats, TryAcquireError
 /// ```
 #[derive(Clone)]
 pub struct Funnel {
-    engine: Arc<Engine<Bucket>>,
+    engine: BucketEngine,
 }
 
 /// Configures a [`Funnel`]; made by [`Funnel::builder`].
@@ -46,6 +45,7 @@ pub struct Funnel {
 pub struct FunnelBuilder {
     rate: Option<Rate>,
     capacity: Option<u32>,
+    quota: Option<Quota>,
 }
 
 impl FunnelBuilder {
@@ -62,6 +62,16 @@ impl FunnelBuilder {
         self
     }
 
+    /// Several bands at once (for example 20 per second with bursts of 40
+    /// and 10 000 per day), instead of [`rate`](Self::rate) and
+    /// [`capacity`](Self::capacity): a request is granted only when every
+    /// band grants it. A quota of one band is the same as that rate and
+    /// capacity. See [`Quota`].
+    pub fn quota(&mut self, quota: Quota) -> &mut Self {
+        self.quota = Some(quota);
+        self
+    }
+
     /// Builds the (empty) funnel. Needs no runtime.
     ///
     /// # Errors
@@ -69,16 +79,8 @@ impl FunnelBuilder {
     /// [`ConfigError::MissingRate`], [`ConfigError::InvalidRate`],
     /// [`ConfigError::ZeroCapacity`].
     pub fn build(&self) -> Result<Funnel, ConfigError> {
-        let rate = self.rate.ok_or(ConfigError::MissingRate)?;
-        let params = Params::new(rate, self.capacity.unwrap_or(rate.permits()))?;
-        let engine = Engine::start(&Setup {
-            kind: Kind::Funnel,
-            rate,
-            params,
-            deficit: 0,
-            release: Release::Tokens,
-            spawn_actor: false,
-        })?;
+        let quota = Quota::configured(self.rate, self.capacity, self.quota)?;
+        let engine = BucketEngine::start(Kind::Funnel, quota, 0, Release::Tokens, false)?;
         Ok(Funnel { engine })
     }
 }
@@ -201,6 +203,12 @@ impl Funnel {
     /// single request.
     pub fn capacity(&self) -> u32 {
         self.engine.capacity()
+    }
+
+    /// The quota the funnel was built with: every band (one for a rate and
+    /// a capacity).
+    pub fn quota(&self) -> Quota {
+        self.engine.quota()
     }
 
     /// Closes the funnel: every waiter and every later call fails with
@@ -328,7 +336,7 @@ impl Funnel {
     /// # }
     /// ```
     pub fn is_fresh(&self) -> bool {
-        Arc::strong_count(&self.engine) == 1 && self.engine.is_fresh()
+        self.engine.is_fresh()
     }
 }
 

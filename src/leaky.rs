@@ -15,13 +15,12 @@
 //! cannot offer.
 
 use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
-use crate::algorithm::{Params, Release};
-use crate::engine::{Bucket, Engine, Kind, Setup};
+use crate::algorithm::Release;
+use crate::engine::{BucketEngine, Kind};
 use crate::limiter::impl_limiter;
-use crate::{AcquireError, ConfigError, Rate, Reservation, Stats, TryAcquireError};
+use crate::{AcquireError, ConfigError, Quota, Rate, Reservation, Stats, TryAcquireError};
 
 /// A leaky bucket: holds up to `capacity` units of water and drains at
 /// `rate`, as a meter and as a shaper over one shared water level.
@@ -61,7 +60,7 @@ use crate::{AcquireError, ConfigError, Rate, Reservation, Stats, TryAcquireError
 /// ```
 #[derive(Clone)]
 pub struct LeakyBucket {
-    engine: Arc<Engine<Bucket>>,
+    engine: BucketEngine,
 }
 
 /// Configures a [`LeakyBucket`]; made by [`LeakyBucket::builder`].
@@ -69,6 +68,7 @@ pub struct LeakyBucket {
 pub struct LeakyBucketBuilder {
     rate: Option<Rate>,
     capacity: Option<u32>,
+    quota: Option<Quota>,
 }
 
 impl LeakyBucketBuilder {
@@ -85,6 +85,16 @@ impl LeakyBucketBuilder {
         self
     }
 
+    /// Several bands at once (for example 20 per second with bursts of 40
+    /// and 10 000 per day), instead of [`rate`](Self::rate) and
+    /// [`capacity`](Self::capacity): a request is granted only when every
+    /// band grants it. A quota of one band is the same as that rate and
+    /// capacity. See [`Quota`].
+    pub fn quota(&mut self, quota: Quota) -> &mut Self {
+        self.quota = Some(quota);
+        self
+    }
+
     /// Builds the (empty) bucket and spawns its actor on the current
     /// runtime.
     ///
@@ -94,16 +104,8 @@ impl LeakyBucketBuilder {
     /// [`ConfigError::ZeroCapacity`], and [`ConfigError::NoRuntime`]
     /// outside a tokio runtime.
     pub fn build(&self) -> Result<LeakyBucket, ConfigError> {
-        let rate = self.rate.ok_or(ConfigError::MissingRate)?;
-        let params = Params::new(rate, self.capacity.unwrap_or(rate.permits()))?;
-        let engine = Engine::start(&Setup {
-            kind: Kind::LeakyBucket,
-            rate,
-            params,
-            deficit: 0,
-            release: Release::Water,
-            spawn_actor: true,
-        })?;
+        let quota = Quota::configured(self.rate, self.capacity, self.quota)?;
+        let engine = BucketEngine::start(Kind::LeakyBucket, quota, 0, Release::Water, true)?;
         Ok(LeakyBucket { engine })
     }
 }
@@ -215,6 +217,12 @@ impl LeakyBucket {
     /// at most this many shaped requests wait at once.
     pub fn capacity(&self) -> u32 {
         self.engine.capacity()
+    }
+
+    /// The quota the bucket was built with: every band (one for a rate and
+    /// a capacity).
+    pub fn quota(&self) -> Quota {
+        self.engine.quota()
     }
 
     /// Closes the bucket: every shaped request still waiting and every
@@ -343,7 +351,7 @@ impl LeakyBucket {
     /// # }
     /// ```
     pub fn is_fresh(&self) -> bool {
-        Arc::strong_count(&self.engine) == 1 && self.engine.is_fresh()
+        self.engine.is_fresh()
     }
 }
 

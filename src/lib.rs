@@ -203,6 +203,7 @@ mod funnel;
 pub mod keyed;
 mod leaky;
 mod limiter;
+mod quota;
 mod rate;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
@@ -224,6 +225,7 @@ pub use error::{AcquireError, ConfigError, Refused, TryAcquireError};
 pub use funnel::{Funnel, FunnelBuilder};
 pub use leaky::{LeakyBucket, LeakyBucketBuilder};
 pub use limiter::Limiter;
+pub use quota::{Band, Quota};
 pub use rate::Rate;
 pub use reservation::Reservation;
 pub use smooth::{SmoothBursty, SmoothBurstyBuilder, SmoothWarmingUp, SmoothWarmingUpBuilder};

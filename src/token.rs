@@ -2,13 +2,12 @@
 //! them, waiting in line when there are too few.
 
 use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
-use crate::algorithm::{Params, Release};
-use crate::engine::{Bucket, Engine, Kind, Setup};
+use crate::algorithm::Release;
+use crate::engine::{BucketEngine, Kind};
 use crate::limiter::impl_limiter;
-use crate::{AcquireError, ConfigError, Rate, Reservation, Stats, TryAcquireError};
+use crate::{AcquireError, ConfigError, Quota, Rate, Reservation, Stats, TryAcquireError};
 
 /// A token bucket: `capacity` tokens, refilled continuously at `rate`.
 ///
@@ -49,7 +48,7 @@ use crate::{AcquireError, ConfigError, Rate, Reservation, Stats, TryAcquireError
 /// ```
 #[derive(Clone)]
 pub struct TokenBucket {
-    engine: Arc<Engine<Bucket>>,
+    engine: BucketEngine,
 }
 
 /// Configures a [`TokenBucket`]; made by [`TokenBucket::builder`].
@@ -57,6 +56,7 @@ pub struct TokenBucket {
 pub struct TokenBucketBuilder {
     rate: Option<Rate>,
     capacity: Option<u32>,
+    quota: Option<Quota>,
     initial: Option<u32>,
 }
 
@@ -72,6 +72,16 @@ impl TokenBucketBuilder {
     /// `Rate::per_second(100)`).
     pub fn capacity(&mut self, capacity: u32) -> &mut Self {
         self.capacity = Some(capacity);
+        self
+    }
+
+    /// Several bands at once (for example 20 per second with bursts of 40
+    /// and 10 000 per day), instead of [`rate`](Self::rate) and
+    /// [`capacity`](Self::capacity): a request is granted only when every
+    /// band grants it. A quota of one band is the same as that rate and
+    /// capacity. See [`Quota`].
+    pub fn quota(&mut self, quota: Quota) -> &mut Self {
+        self.quota = Some(quota);
         self
     }
 
@@ -92,21 +102,19 @@ impl TokenBucketBuilder {
     /// [`ConfigError::InitialExceedsCapacity`], and
     /// [`ConfigError::NoRuntime`] outside a tokio runtime.
     pub fn build(&self) -> Result<TokenBucket, ConfigError> {
-        let rate = self.rate.ok_or(ConfigError::MissingRate)?;
-        let capacity = self.capacity.unwrap_or(rate.permits());
-        let params = Params::new(rate, capacity)?;
+        let quota = Quota::configured(self.rate, self.capacity, self.quota)?;
+        let capacity = quota.capacity();
         let initial = self.initial.unwrap_or(capacity);
         if initial > capacity {
             return Err(ConfigError::InitialExceedsCapacity { initial, capacity });
         }
-        let engine = Engine::start(&Setup {
-            kind: Kind::TokenBucket,
-            rate,
-            params,
-            deficit: capacity - initial,
-            release: Release::Tokens,
-            spawn_actor: true,
-        })?;
+        let engine = BucketEngine::start(
+            Kind::TokenBucket,
+            quota,
+            capacity - initial,
+            Release::Tokens,
+            true,
+        )?;
         Ok(TokenBucket { engine })
     }
 }
@@ -268,6 +276,12 @@ impl TokenBucket {
         self.engine.capacity()
     }
 
+    /// The quota the bucket was built with: every band (one for a rate and
+    /// a capacity).
+    pub fn quota(&self) -> Quota {
+        self.engine.quota()
+    }
+
     /// Closes the bucket: every waiter and every later call fails with
     /// `Closed`, and the refill actor ends. Closing twice does nothing more.
     ///
@@ -390,7 +404,7 @@ impl TokenBucket {
     /// # }
     /// ```
     pub fn is_fresh(&self) -> bool {
-        Arc::strong_count(&self.engine) == 1 && self.engine.is_fresh()
+        self.engine.is_fresh()
     }
 }
 

@@ -155,6 +155,14 @@ impl Params {
         nanos_to_duration(scaled.div_ceil(u128::from(self.den)))
     }
 
+    /// Scaled units in whole nanoseconds, rounded up.
+    pub(crate) fn nanos_ceil(&self, scaled: u128) -> u128 {
+        match u64::try_from(scaled) {
+            Ok(small) => u128::from(small.div_ceil(self.den)),
+            Err(_) => scaled.div_ceil(u128::from(self.den)),
+        }
+    }
+
     /// Scaled units in whole nanoseconds, rounded down.
     pub(crate) fn nanos_floor(&self, scaled: u128) -> u128 {
         match u64::try_from(scaled) {

@@ -41,12 +41,14 @@
 //! assert!(bucket.try_take(Duration::from_nanos(333_333_334), 1).is_ok());
 //! ```
 
+mod bands;
 mod gcra;
 mod smooth;
 
 use std::time::Duration;
 
-pub(crate) use gcra::{Place, MAX_TIME, Params, Release};
+pub(crate) use bands::{Bands, MAX_BANDS, PerBand, Placed};
+pub(crate) use gcra::{MAX_TIME, Params, Place, Release, nanos_to_duration};
 pub use smooth::SmoothState;
 pub(crate) use smooth::{Span, Undo};
 

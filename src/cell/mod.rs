@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::algorithm::{Place, MAX_TIME, Params, Release, Reserve};
+use crate::algorithm::{MAX_TIME, Params, Place, Release, Reserve};
 use crate::clock;
 use crate::sync::{AtomicU64, AtomicU128, Ordering, fence, spin_loop};
 

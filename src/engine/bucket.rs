@@ -63,6 +63,13 @@ impl Bucket {
         }
     }
 
+    /// Whole tokens / units of free room now.
+    fn free(&self) -> u32 {
+        let now = self.cell.now_nanos();
+        let s = self.cell.snapshot();
+        s.params.available(s.tat(), s.params.scale_nanos(now))
+    }
+
     fn ready(&self, view: &View, end: u128, n: u32) -> u128 {
         view.params.ready(end, n, self.release)
     }
@@ -171,10 +178,8 @@ impl Schedule for Bucket {
             && s.tat().max(now) == now + s.params.cost(self.fresh_deficit)
     }
 
-    fn available(&self) -> Option<u32> {
-        let now = self.cell.now_nanos();
-        let s = self.cell.snapshot();
-        Some(s.params.available(s.tat(), s.params.scale_nanos(now)))
+    fn available(&self, _: &Rate) -> Option<u32> {
+        Some(self.free())
     }
 
     fn debug_fields(&self, rate: &Rate, f: &mut fmt::DebugStruct<'_, '_>) {
@@ -201,7 +206,7 @@ impl Engine<Bucket> {
 
     /// Whole tokens / units of free room at this instant.
     pub(crate) fn available(&self) -> u32 {
-        self.schedule().available().unwrap_or(0)
+        self.schedule().free()
     }
 
     /// Units of water (poured and reserved, not yet drained), rounded up.

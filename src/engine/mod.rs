@@ -40,7 +40,9 @@
 //! `bucket.rs` the schedule over the GCRA cell.
 
 mod actor;
+mod bands;
 mod bucket;
+mod buckets;
 mod queue;
 mod waiter;
 
@@ -56,7 +58,9 @@ use crate::reservation::{Hold, Reservation};
 use crate::stats::{Counters, Stats};
 use crate::{AcquireError, TryAcquireError, clock};
 use actor::Actor;
+pub(crate) use bands::Banded;
 pub(crate) use bucket::{Bucket, Setup};
+pub(crate) use buckets::BucketEngine;
 pub(crate) use queue::{Grant, Queue};
 
 /// Which limiter an engine serves (for tracing and `Debug`).
@@ -146,7 +150,7 @@ pub(crate) trait Schedule: Sized + Send + Sync + 'static {
     /// (the queue is empty and open).
     fn is_fresh(&self, books: &Self::Books) -> bool;
     /// Whole permits available now, for [`Stats`] (`None`: not a bucket).
-    fn available(&self) -> Option<u32>;
+    fn available(&self, books: &Self::Books) -> Option<u32>;
     /// The schedule's fields of the limiter's `Debug`.
     fn debug_fields(&self, books: &Self::Books, f: &mut fmt::DebugStruct<'_, '_>);
 }
@@ -224,11 +228,12 @@ impl<S: Schedule> Engine<S> {
     /// Counters and the state now.
     pub(crate) fn stats(&self) -> Stats {
         let (granted, refused) = self.counters.totals();
+        let queue = self.lock();
         Stats {
             granted,
             refused,
-            waiting: self.waiting(),
-            available: self.schedule.available(),
+            waiting: queue.pending(),
+            available: self.schedule.available(&queue.books),
         }
     }
 

@@ -273,7 +273,7 @@ impl Schedule for Smooth {
         same
     }
 
-    fn available(&self) -> Option<u32> {
+    fn available(&self, _: &Books) -> Option<u32> {
         None
     }
 

@@ -1,0 +1,387 @@
+//! Several GCRA bands decided as one request (a [`Quota`](crate::Quota)).
+//!
+//! Each band keeps its own `tat` in its own scaled units ([`Params`]). A
+//! request is granted only when every band grants it, and then every band
+//! is debited; a refusal changes no band. Times shared between bands (a
+//! turn, a wait) are whole nanoseconds, rounded up: never before any
+//! band's time.
+//!
+//! # Waiters: poured at their turn
+//!
+//! A waiter's turn is the earliest instant at which every band, with the
+//! reservations before it in place, lets it go: the latest of the bands'
+//! own turns. It is then poured into *every* band as if it arrived at that
+//! turn. Pouring it into each band at its arrival instead would let a band
+//! that is not the one holding it back count its water as draining while
+//! it waits; when the holding band let a run of waiters go together, the
+//! other band would see them all at once (a per-second band exceeded by a
+//! day band's release). Poured at its turn, every band's state is the GCRA
+//! state of requests that arrived when they were granted, so each band's
+//! window bound holds exactly.
+//!
+//! # Withdrawal
+//!
+//! A withdrawn reservation gives back, in each band, the part not yet
+//! drained ([`Params::refund`]) when no reservation waits behind it. When
+//! some do, their turns move forward by the same time in every band — the
+//! smallest of the bands' undrained parts, so that no band moves a turn by
+//! more than it gave back — and each band gives back that much; the rest
+//! stays spent until the queue drains. A waiter behind keeps arriving at
+//! its (earlier) turn in every band, so the bound above still holds.
+
+use std::time::Duration;
+
+use super::gcra::{MAX_TIME, Overflow, Params, Release};
+
+/// The most bands decided together (`Quota::MAX_BANDS`).
+pub(crate) const MAX_BANDS: usize = 4;
+
+/// One time per band, each in that band's scaled units.
+pub(crate) type PerBand = [u128; MAX_BANDS];
+
+/// The bands of a quota.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Bands {
+    params: [Params; MAX_BANDS],
+    len: usize,
+}
+
+/// A waiter's reservation across the bands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Placed {
+    /// When it may go, in ns since the origin (rounded up).
+    pub(crate) turn: u128,
+    /// Where its water ends in each band.
+    pub(crate) ends: PerBand,
+}
+
+impl Bands {
+    /// The bands of `params` (one to [`MAX_BANDS`]).
+    pub(crate) fn new(params: &[Params]) -> Bands {
+        assert!(
+            (1..=MAX_BANDS).contains(&params.len()),
+            "one to {MAX_BANDS} bands"
+        );
+        let mut all = [params[0]; MAX_BANDS];
+        all[..params.len()].copy_from_slice(params);
+        Bands {
+            params: all,
+            len: params.len(),
+        }
+    }
+
+    pub(crate) fn params(&self) -> &[Params] {
+        &self.params[..self.len]
+    }
+
+    /// The most permits one request may take: the smallest capacity.
+    pub(crate) fn capacity(&self) -> u32 {
+        self.params()
+            .iter()
+            .map(Params::capacity)
+            .min()
+            .unwrap_or(0)
+    }
+
+    /// The state of bands that each lack `deficit` of their capacity (0:
+    /// full of tokens / empty of water) at `now_ns`.
+    pub(crate) fn start(&self, now_ns: u128, deficit: u32) -> PerBand {
+        let mut tats = [0; MAX_BANDS];
+        for (tat, p) in tats.iter_mut().zip(self.params()) {
+            *tat = p.scale_nanos(now_ns) + p.cost(deficit);
+        }
+        tats
+    }
+
+    /// The meter: pours `n` units into every band at `now_ns` if every band
+    /// has room, else changes nothing and says how long until all would
+    /// (the latest of the bands' waits). The caller has checked
+    /// `1 <= n <= capacity`.
+    pub(crate) fn try_pour(
+        &self,
+        tats: &mut PerBand,
+        now_ns: u128,
+        n: u32,
+    ) -> Result<(), Duration> {
+        let mut ends = *tats;
+        let mut wait = None;
+        for ((end, &tat), p) in ends.iter_mut().zip(tats.iter()).zip(self.params()) {
+            match p.try_pour(tat, p.scale_nanos(now_ns), n) {
+                Ok(poured) => *end = poured,
+                Err(short) => wait = wait.max(Some(p.duration_ceil(short))),
+            }
+        }
+        match wait {
+            None => {
+                *tats = ends;
+                Ok(())
+            }
+            Some(wait) => Err(wait),
+        }
+    }
+
+    /// A waiter's reservation of `n` units at `now_ns`, not yet made: its
+    /// turn, and its water poured into every band at that turn (see the
+    /// module notes). The caller commits it by storing `ends` as the new
+    /// state. A shaper's request overflows when, in some band, it would
+    /// hold more than the capacity's worth of water at `now_ns`: it would
+    /// wait longer than that band takes to drain.
+    pub(crate) fn reserve(
+        &self,
+        tats: &PerBand,
+        now_ns: u128,
+        n: u32,
+        release: Release,
+    ) -> Result<Placed, Overflow> {
+        let mut turn = now_ns;
+        for (&tat, p) in tats.iter().zip(self.params()) {
+            let now = p.scale_nanos(now_ns);
+            let place = p.reserve(tat, now, now, n, release)?;
+            turn = turn.max(p.nanos_ceil(place.ready));
+        }
+        let mut ends = *tats;
+        for ((end, &tat), p) in ends.iter_mut().zip(tats.iter()).zip(self.params()) {
+            let at = p.scale_nanos(turn);
+            *end = tat.max(at).saturating_add(p.cost(n)).min(MAX_TIME);
+            if release == Release::Water && *end - p.scale_nanos(now_ns).min(*end) > p.tau() {
+                return Err(Overflow);
+            }
+        }
+        Ok(Placed { turn, ends })
+    }
+
+    /// What withdrawing `placed` (of `n` units) at `now_ns` gives back: each
+    /// band's undrained part (scaled), and the time (ns) the reservations
+    /// behind it may move forward in every band.
+    pub(crate) fn refunds(&self, placed: &Placed, n: u32, now_ns: u128) -> (PerBand, u128) {
+        let mut refunds = [0; MAX_BANDS];
+        let mut shift = u128::MAX;
+        for ((refund, &end), p) in refunds
+            .iter_mut()
+            .zip(placed.ends.iter())
+            .zip(self.params())
+        {
+            *refund = p.refund(end, n, p.scale_nanos(now_ns));
+            shift = shift.min(p.nanos_floor(*refund));
+        }
+        (refunds, shift)
+    }
+
+    /// `ns` nanoseconds in each band's scaled units.
+    pub(crate) fn scaled(&self, ns: u128) -> PerBand {
+        let mut scaled = [0; MAX_BANDS];
+        for (s, p) in scaled.iter_mut().zip(self.params()) {
+            *s = p.scale_nanos(ns);
+        }
+        scaled
+    }
+
+    /// Whole permits available at `now_ns`: the fewest of any band.
+    pub(crate) fn available(&self, tats: &PerBand, now_ns: u128) -> u32 {
+        tats.iter()
+            .zip(self.params())
+            .map(|(&tat, p)| p.available(tat, p.scale_nanos(now_ns)))
+            .min()
+            .unwrap_or(0)
+    }
+
+    /// Units of water at `now_ns`, rounded up: the most of any band.
+    pub(crate) fn level(&self, tats: &PerBand, now_ns: u128) -> u32 {
+        tats.iter()
+            .zip(self.params())
+            .map(|(&tat, p)| p.level(tat, p.scale_nanos(now_ns)))
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Rate;
+
+    const S: u128 = 1_000_000_000;
+
+    fn bands(spec: &[(Rate, u32)]) -> Bands {
+        let params: Vec<Params> = spec
+            .iter()
+            .map(|&(rate, capacity)| Params::new(rate, capacity).unwrap())
+            .collect();
+        Bands::new(&params)
+    }
+
+    #[test]
+    fn a_refusal_changes_no_band() {
+        // 10/s burst 10, and 12 per minute burst 12.
+        let b = bands(&[(Rate::per_second(10), 10), (Rate::per_minute(12), 12)]);
+        let mut tats = b.start(0, 0);
+        assert_eq!(b.try_pour(&mut tats, 0, 10), Ok(()));
+        let before = tats;
+        // The per-second band refuses 1 (100 ms), the minute band has 2.
+        assert_eq!(b.try_pour(&mut tats, 0, 1), Err(Duration::from_millis(100)));
+        assert_eq!(tats, before);
+        // At 1 s the per-second band is full again; the minute band holds 2.
+        assert_eq!(b.try_pour(&mut tats, S, 3), Err(Duration::from_secs(4)));
+        assert_eq!(tats, before);
+        assert_eq!(b.try_pour(&mut tats, S, 2), Ok(()));
+        assert_eq!(b.available(&tats, S), 0);
+    }
+
+    #[test]
+    fn retry_after_is_the_latest_band() {
+        let b = bands(&[(Rate::per_second(1), 1), (Rate::per_second(2), 1)]);
+        let mut tats = b.start(0, 0);
+        assert_eq!(b.try_pour(&mut tats, 0, 1), Ok(()));
+        assert_eq!(b.try_pour(&mut tats, 0, 1), Err(Duration::from_secs(1)));
+        assert_eq!(
+            b.try_pour(&mut tats, S / 2, 1),
+            Err(Duration::from_millis(500))
+        );
+        assert_eq!(b.try_pour(&mut tats, S, 1), Ok(()));
+    }
+
+    #[test]
+    fn waiters_are_poured_at_their_turn() {
+        // The per-second band (1/s, burst 1) must space waiters released
+        // together by the minute band (burst 3, 3 per minute).
+        let b = bands(&[(Rate::per_second(1), 1), (Rate::per_minute(3), 3)]);
+        let mut tats = b.start(0, 0);
+        // Empty the minute band: three permits, one per second.
+        for t in 0..3 {
+            assert_eq!(b.try_pour(&mut tats, t * S, 1), Ok(()));
+        }
+        // Three waiters at 2 s: the minute band gives one per 20 s.
+        let mut turns = vec![];
+        for _ in 0..3 {
+            let placed = b.reserve(&tats, 2 * S, 1, Release::Tokens).unwrap();
+            tats = placed.ends;
+            turns.push(placed.turn / S);
+        }
+        assert_eq!(turns, [20, 40, 60]);
+    }
+
+    #[test]
+    fn a_run_released_together_is_still_spaced_by_the_other_band() {
+        // A band of 1/s (burst 1), and a fast band (100/s, burst 1000) that
+        // is 5 s over its burst: it holds the first waiters until 5 s, then
+        // would let them go 10 ms apart. The slow band must space them.
+        let b = bands(&[(Rate::per_second(1), 1), (Rate::per_second(100), 1000)]);
+        let mut tats = b.start(0, 0);
+        tats[1] = b.params()[1].scale_nanos(15 * S);
+        let mut turns = vec![];
+        for _ in 0..4 {
+            let placed = b.reserve(&tats, 0, 1, Release::Tokens).unwrap();
+            tats = placed.ends;
+            turns.push(placed.turn);
+        }
+        assert_eq!(
+            turns,
+            [
+                5 * S + S / 100,
+                6 * S + S / 100,
+                7 * S + S / 100,
+                8 * S + S / 100
+            ]
+        );
+    }
+
+    #[test]
+    fn a_shaper_overflows_when_any_band_is_full() {
+        let b = bands(&[(Rate::per_second(10), 2), (Rate::per_second(1), 5)]);
+        let tats = b.start(0, 0);
+        let first = b.reserve(&tats, 0, 1, Release::Water).unwrap();
+        assert_eq!(first.turn, 0);
+        // The second waits 1 s for the slow band: more than the fast band's
+        // 200 ms of room.
+        assert_eq!(b.reserve(&first.ends, 0, 1, Release::Water), Err(Overflow));
+    }
+
+    #[test]
+    fn refunds_per_band_and_the_common_shift() {
+        let b = bands(&[(Rate::per_second(10), 1), (Rate::per_second(1), 1)]);
+        let tats = b.start(0, 0);
+        let first = b.reserve(&tats, 0, 1, Release::Tokens).unwrap();
+        let second = b.reserve(&first.ends, 0, 1, Release::Tokens).unwrap();
+        assert_eq!(second.turn, S);
+        // Withdrawn at 0: poured at 1 s, nothing of it has drained; 100 ms
+        // in the fast band, 1 s in the slow one; the turns behind may move
+        // by 100 ms.
+        let (refunds, shift) = b.refunds(&second, 1, 0);
+        assert_eq!(shift, S / 10);
+        assert_eq!(refunds[0], b.params()[0].scale_nanos(S / 10));
+        assert_eq!(refunds[1], b.params()[1].scale_nanos(S));
+    }
+
+    /// A band: `permits` per `period_ns`, burst `capacity`.
+    #[derive(Debug, Clone, Copy)]
+    struct Spec {
+        permits: u32,
+        period_ns: u64,
+        capacity: u32,
+    }
+
+    fn spec() -> impl proptest::strategy::Strategy<Value = Spec> {
+        use proptest::prelude::*;
+        // From 1 per day to a million per second.
+        let periods = prop_oneof![
+            Just(1_000_000u64),
+            Just(1_000_000_000),
+            Just(60_000_000_000),
+            Just(86_400_000_000_000),
+        ];
+        (1u32..=1000, periods, 1u32..=40).prop_map(|(permits, period_ns, capacity)| Spec {
+            permits,
+            period_ns,
+            capacity,
+        })
+    }
+
+    proptest::proptest! {
+        /// Over random band sets and arrivals: a refusal leaves every band
+        /// bit for bit as it was; `retry_after` is exactly the first
+        /// nanosecond at which every band grants; and in every band, any
+        /// window of length T holds at most capacity + rate × T permits.
+        #[test]
+        fn the_meter_across_bands(
+            specs in proptest::collection::vec(spec(), 1..=4),
+            arrivals in proptest::collection::vec((0u64..50_000_000_000, 1u32..=40), 1..120),
+        ) {
+            let params: Vec<Params> = specs
+                .iter()
+                .map(|s| Params::new(Rate::per(s.permits, Duration::from_nanos(s.period_ns)), s.capacity).unwrap())
+                .collect();
+            let b = Bands::new(&params);
+            let mut tats = b.start(0, 0);
+            let mut now = 0u128;
+            let mut granted: Vec<(u128, u32)> = vec![];
+            for (gap, n) in arrivals {
+                // Mostly short gaps, sometimes a long idle.
+                now += u128::from(if gap % 7 == 0 { gap } else { gap % 20_000_000 });
+                let n = n.min(b.capacity());
+                let before = tats;
+                match b.try_pour(&mut tats, now, n) {
+                    Ok(()) => granted.push((now, n)),
+                    Err(wait) => {
+                        proptest::prop_assert_eq!(tats, before);
+                        let at = now + wait.as_nanos();
+                        let mut later = before;
+                        proptest::prop_assert!(b.try_pour(&mut later, at, n).is_ok(), "not granted after retry_after");
+                        let mut earlier = before;
+                        proptest::prop_assert!(b.try_pour(&mut earlier, at - 1, n).is_err(), "granted before retry_after");
+                    }
+                }
+            }
+            for s in &specs {
+                for (i, &(start, _)) in granted.iter().enumerate() {
+                    let mut sum = 0u128;
+                    for &(t, n) in &granted[i..] {
+                        sum += u128::from(n);
+                        let allowed = u128::from(s.capacity)
+                            + (t - start) * u128::from(s.permits) / u128::from(s.period_ns);
+                        proptest::prop_assert!(sum <= allowed, "{sum} in [{start}, {t}] over {s:?}");
+                    }
+                }
+            }
+        }
+    }
+}

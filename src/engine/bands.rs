@@ -1,0 +1,216 @@
+//! The schedule of a bucket limiter built from a quota of several bands:
+//! every band's `tat` under the engine's lock ([`Bands`] decides).
+//!
+//! One band stays on the lock-free [`Bucket`](super::Bucket); several
+//! cannot be changed by one compare-and-swap, and a refusal must leave all
+//! of them as they were, so they are decided under the lock (which the
+//! meter then takes too). There is no timer credit here: a waiter woken
+//! late is not credited for the lateness.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{Engine, Kind, Reserve, Schedule};
+use crate::algorithm::{Bands, PerBand, Placed, Release};
+use crate::{ConfigError, Quota, clock};
+
+/// The schedule over several bands.
+pub(crate) struct Banded {
+    bands: Bands,
+    quota: Quota,
+    release: Release,
+    /// Tokens a newly built bucket lacks in every band.
+    fresh_deficit: u32,
+    origin: clock::Origin,
+    closed: AtomicBool,
+}
+
+impl Banded {
+    fn now(&self) -> u128 {
+        u128::from(self.origin.elapsed_nanos())
+    }
+}
+
+impl Schedule for Banded {
+    /// The turn, and where the entry's water ends in every band.
+    type Turn = Placed;
+    /// Every band's `tat`.
+    type Books = PerBand;
+    /// Nanoseconds since the origin.
+    type View = u128;
+
+    fn capacity(&self) -> u32 {
+        self.bands.capacity()
+    }
+
+    fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+    }
+
+    fn try_take(engine: &Engine<Self>, n: u32) -> Result<(), Option<Duration>> {
+        let banded = engine.schedule();
+        let mut queue = engine.lock();
+        if banded.is_closed() {
+            return Err(None);
+        }
+        banded
+            .bands
+            .try_pour(&mut queue.books, banded.now(), n)
+            .map_err(Some)
+    }
+
+    fn reserve_unlocked(&self, _: u32, _: Option<Duration>) -> Option<Reserve<()>> {
+        None
+    }
+
+    fn reserve(&self, tats: &mut PerBand, n: u32, max_wait: Option<Duration>) -> Reserve<Placed> {
+        if self.is_closed() {
+            return Reserve::Closed;
+        }
+        let now = self.now();
+        let Ok(placed) = self.bands.reserve(tats, now, n, self.release) else {
+            return Reserve::Overflow;
+        };
+        let wait = placed.turn - now;
+        if max_wait.is_some_and(|max| wait > max.as_nanos()) {
+            return Reserve::TooLong;
+        }
+        *tats = placed.ends;
+        if wait == 0 {
+            Reserve::Ready(placed)
+        } else {
+            Reserve::Queued(placed)
+        }
+    }
+
+    fn follow(&self, _: &mut Placed, _: &Placed) {
+        // Each turn is at least the turn of the band that set the one
+        // before it: always in order.
+    }
+
+    fn view(&self, _: &PerBand) -> u128 {
+        self.now()
+    }
+
+    fn is_due(&self, now: &u128, turn: &Placed, _: u32) -> bool {
+        turn.turn <= *now
+    }
+
+    fn instant(&self, _: &u128, turn: &Placed, _: u32) -> Option<Instant> {
+        let origin = self.origin.instant();
+        Some(
+            origin
+                .checked_add(crate::algorithm::nanos_to_duration(turn.turn))
+                .unwrap_or_else(|| origin + Duration::from_secs(86_400 * 365 * 1000)),
+        )
+    }
+
+    fn granted(&self, _: &mut PerBand, _: &u128, _: &Placed, _: u32) {}
+
+    fn withdraw<'a>(
+        &self,
+        tats: &mut PerBand,
+        now: &u128,
+        placed: Placed,
+        n: u32,
+        behind: impl Iterator<Item = &'a mut Placed>,
+    ) -> bool {
+        let (refunds, shift) = self.bands.refunds(&placed, n, *now);
+        let mut behind = behind.peekable();
+        if behind.peek().is_none() {
+            for (tat, refund) in tats.iter_mut().zip(refunds) {
+                *tat = tat.saturating_sub(refund);
+            }
+            return false;
+        }
+        if shift == 0 {
+            return false;
+        }
+        // See the module notes of `algorithm::bands`: every band moves by
+        // the same time.
+        let scaled = self.bands.scaled(shift);
+        for later in behind {
+            later.turn -= shift;
+            for (end, by) in later.ends.iter_mut().zip(scaled) {
+                *end = end.saturating_sub(by);
+            }
+        }
+        for (tat, by) in tats.iter_mut().zip(scaled) {
+            *tat = tat.saturating_sub(by);
+        }
+        true
+    }
+
+    fn is_fresh(&self, tats: &PerBand) -> bool {
+        let now = self.now();
+        let fresh = self.bands.start(now, self.fresh_deficit);
+        tats.iter()
+            .zip(fresh)
+            .zip(self.bands.params())
+            .all(|((&tat, fresh), p)| tat.max(p.scale_nanos(now)) == fresh)
+    }
+
+    fn available(&self, tats: &PerBand) -> Option<u32> {
+        Some(self.bands.available(tats, self.now()))
+    }
+
+    fn debug_fields(&self, _: &PerBand, f: &mut fmt::DebugStruct<'_, '_>) {
+        f.field("quota", &self.quota)
+            .field("capacity", &self.capacity());
+    }
+}
+
+impl Engine<Banded> {
+    /// Builds a bucket of several bands; with `spawn_actor`, its actor runs
+    /// on the current runtime.
+    pub(crate) fn start_bands(
+        kind: Kind,
+        quota: Quota,
+        deficit: u32,
+        release: Release,
+        spawn_actor: bool,
+    ) -> Result<Arc<Engine<Banded>>, ConfigError> {
+        let bands = Bands::new(&quota.params()?);
+        let runtime = if spawn_actor {
+            Some(tokio::runtime::Handle::try_current().map_err(|_| ConfigError::NoRuntime)?)
+        } else {
+            None
+        };
+        let origin = clock::Origin::now();
+        let banded = Banded {
+            bands,
+            quota,
+            release,
+            fresh_deficit: deficit,
+            origin,
+            closed: AtomicBool::new(false),
+        };
+        let tats = bands.start(0, deficit);
+        Ok(Engine::new(kind, banded, tats, runtime))
+    }
+
+    pub(crate) fn quota(&self) -> Quota {
+        self.schedule().quota
+    }
+
+    /// Whole tokens / units of free room now: the fewest of any band.
+    pub(crate) fn available(&self) -> u32 {
+        let queue = self.lock();
+        self.schedule().available(&queue.books).unwrap_or(0)
+    }
+
+    /// Units of water now, rounded up: the most of any band.
+    pub(crate) fn level(&self) -> u32 {
+        let queue = self.lock();
+        let banded = self.schedule();
+        banded.bands.level(&queue.books, banded.now())
+    }
+}

@@ -1,0 +1,157 @@
+//! `Quota`: several limits a request must all pass, such as 20 per second
+//! with bursts of 40 *and* 10 000 per day.
+
+use std::fmt;
+
+use crate::algorithm::Params;
+use crate::{ConfigError, Rate};
+
+/// One limit of a [`Quota`]: up to `capacity` permits at once, refilled at
+/// `rate` (a token bucket of its own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Band {
+    rate: Rate,
+    capacity: u32,
+}
+
+impl Band {
+    /// A band of `capacity` permits refilled at `rate`.
+    pub const fn new(rate: Rate, capacity: u32) -> Band {
+        Band { rate, capacity }
+    }
+
+    /// The refill rate.
+    pub const fn rate(&self) -> Rate {
+        self.rate
+    }
+
+    /// The most permits the band holds (its burst).
+    pub const fn capacity(&self) -> u32 {
+        self.capacity
+    }
+}
+
+/// Several bands decided as one: a request is granted only when every band
+/// grants it, and then every band is debited; a request any band refuses
+/// changes no band.
+///
+/// A quota of one band is exactly a rate and a capacity (and the limiters
+/// built from one keep their lock-free fast path). Up to
+/// [`MAX_BANDS`](Self::MAX_BANDS) bands; the bands need not be consistent
+/// with each other (a burst larger than another band's capacity is simply
+/// held to that band), and the long-run rate is that of the tightest band.
+///
+/// # Examples
+///
+/// ```
+/// use tokio_ratelimit::{Quota, Rate, TokenBucket, TryAcquireError};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// // 2 per second with bursts of 4, and 5 per day.
+/// let quota = Quota::new(Rate::per_second(2), 4).and(Rate::per_day(5), 5);
+/// let bucket = TokenBucket::builder().quota(quota).build().unwrap();
+/// assert_eq!(bucket.try_acquire_many(4), Ok(())); // the burst
+/// assert!(matches!(bucket.try_acquire(), Err(TryAcquireError::Limited { .. })));
+/// tokio::time::sleep(std::time::Duration::from_secs(10)).await;
+/// assert_eq!(bucket.try_acquire(), Ok(())); // the day's fifth
+/// // The day is spent: the next permit comes 1/5 day after the first.
+/// let Err(TryAcquireError::Limited { retry_after }) = bucket.try_acquire() else {
+///     panic!("the day's band is empty")
+/// };
+/// assert_eq!(retry_after.as_secs(), 86_400 / 5 - 10);
+/// # }
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Quota {
+    bands: [Band; Quota::MAX_BANDS],
+    len: u8,
+    /// Set by [`and`](Self::and) on a full quota: building fails.
+    overfull: bool,
+}
+
+impl Quota {
+    /// The most bands a quota holds.
+    pub const MAX_BANDS: usize = crate::algorithm::MAX_BANDS;
+
+    /// A quota of one band: `capacity` permits refilled at `rate`.
+    pub const fn new(rate: Rate, capacity: u32) -> Quota {
+        Quota {
+            bands: [Band::new(rate, capacity); Quota::MAX_BANDS],
+            len: 1,
+            overfull: false,
+        }
+    }
+
+    /// This quota and one more band. A quota already holding
+    /// [`MAX_BANDS`](Self::MAX_BANDS) bands makes the limiter's `build()`
+    /// fail with [`ConfigError::InvalidParameter`].
+    #[must_use]
+    pub const fn and(mut self, rate: Rate, capacity: u32) -> Quota {
+        if self.len as usize == Quota::MAX_BANDS {
+            self.overfull = true;
+        } else {
+            self.bands[self.len as usize] = Band::new(rate, capacity);
+            self.len += 1;
+        }
+        self
+    }
+
+    /// The bands, in the order they were given.
+    pub fn bands(&self) -> &[Band] {
+        &self.bands[..usize::from(self.len)]
+    }
+
+    /// The most permits one request may take: the smallest capacity.
+    pub fn capacity(&self) -> u32 {
+        self.bands().iter().map(Band::capacity).min().unwrap_or(0)
+    }
+
+    /// What a builder was given: a quota, or a rate (required then) and a
+    /// capacity (default: the rate's permits per period); checked.
+    pub(crate) fn configured(
+        rate: Option<Rate>,
+        capacity: Option<u32>,
+        quota: Option<Quota>,
+    ) -> Result<Quota, ConfigError> {
+        let quota = match (quota, rate, capacity) {
+            (Some(quota), None, None) => quota,
+            (Some(_), _, _) => {
+                return Err(ConfigError::InvalidParameter {
+                    name: "quota",
+                    reason: "give either a quota or a rate and a capacity",
+                });
+            }
+            (None, None, _) => return Err(ConfigError::MissingRate),
+            (None, Some(rate), capacity) => Quota::new(rate, capacity.unwrap_or(rate.permits())),
+        };
+        quota.params()?;
+        Ok(quota)
+    }
+
+    /// Each band's exact parameters, checked.
+    pub(crate) fn params(&self) -> Result<Vec<Params>, ConfigError> {
+        if self.overfull {
+            return Err(ConfigError::InvalidParameter {
+                name: "quota",
+                reason: "more than Quota::MAX_BANDS bands",
+            });
+        }
+        self.bands()
+            .iter()
+            .map(|band| Params::new(band.rate, band.capacity))
+            .collect()
+    }
+}
+
+impl fmt::Debug for Quota {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.bands()).finish()
+    }
+}
+
+impl From<Band> for Quota {
+    fn from(band: Band) -> Quota {
+        Quota::new(band.rate, band.capacity)
+    }
+}

@@ -1,0 +1,290 @@
+//! Quotas of several bands on `TokenBucket`, `LeakyBucket` and `Funnel`, in
+//! paused time: a request is granted only when every band grants it, a
+//! refusal debits no band, waiters stay FIFO across bands, and withdrawn
+//! waiters never let any band over-admit.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use proptest::prelude::*;
+use tokio::time::{self, Instant};
+use tokio_ratelimit::{
+    AcquireError, Band, ConfigError, Funnel, LeakyBucket, Limiter, Quota, Rate, TokenBucket,
+    TryAcquireError,
+};
+
+mod support;
+use support::{limited, ms};
+
+fn run<F: Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap()
+        .block_on(f)
+}
+
+const SECOND_AND_MINUTE: Quota = Quota::new(Rate::per_second(10), 10).and(Rate::per_minute(20), 20);
+
+#[tokio::test(start_paused = true)]
+async fn every_band_must_grant() {
+    let bucket = TokenBucket::builder()
+        .quota(SECOND_AND_MINUTE)
+        .build()
+        .unwrap();
+    assert_eq!(bucket.capacity(), 10);
+    assert_eq!(bucket.quota(), SECOND_AND_MINUTE);
+    assert_eq!(bucket.try_acquire_many(10), Ok(()));
+    // The second's band refuses; the minute's still holds 10.
+    assert_eq!(bucket.try_acquire(), limited(ms(100)));
+    time::advance(Duration::from_secs(1)).await;
+    assert_eq!(bucket.available(), 10);
+    assert_eq!(bucket.try_acquire_many(10), Ok(()));
+    // Now the minute's band is empty: one permit per 3 s, 1 s after the
+    // first was taken.
+    time::advance(Duration::from_secs(1)).await;
+    assert_eq!(bucket.available(), 0);
+    assert_eq!(bucket.try_acquire(), limited(Duration::from_secs(1)));
+    time::advance(Duration::from_secs(1)).await;
+    assert_eq!(bucket.try_acquire(), Ok(()));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refusal_debits_no_band() {
+    let bucket = Funnel::builder().quota(SECOND_AND_MINUTE).build().unwrap();
+    assert_eq!(bucket.try_acquire_many(6), Ok(()));
+    // 5 do not fit the second's band: the minute's band must not lose them.
+    for _ in 0..100 {
+        assert_eq!(bucket.try_acquire_many(5), limited(ms(100)));
+    }
+    time::advance(Duration::from_secs(1)).await;
+    assert_eq!(bucket.try_acquire_many(10), Ok(()));
+    // The minute's band holds 16 (less a third drained): 4 more fit, the
+    // fifth does not.
+    time::advance(Duration::from_secs(1)).await;
+    assert_eq!(bucket.try_acquire_many(4), Ok(()));
+    assert!(matches!(
+        bucket.try_acquire(),
+        Err(TryAcquireError::Limited { .. })
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn waiters_go_when_every_band_lets_them() {
+    let bucket = TokenBucket::builder()
+        .quota(Quota::new(Rate::per_second(10), 2).and(Rate::per_second(1), 3))
+        .build()
+        .unwrap();
+    let start = Instant::now();
+    let mut at = vec![];
+    for _ in 0..5 {
+        bucket.acquire().await.unwrap();
+        at.push(start.elapsed());
+    }
+    // 2 at once (the fast band's burst), the third 100 ms later (the slow
+    // band still has room), then one per second (the slow band's rate,
+    // after its burst of 3).
+    assert_eq!(at, [ms(0), ms(0), ms(100), ms(1000), ms(2000)]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_above_the_smallest_capacity_is_refused_at_once() {
+    let bucket = LeakyBucket::builder()
+        .quota(SECOND_AND_MINUTE)
+        .build()
+        .unwrap();
+    assert_eq!(
+        bucket.try_acquire_many(11),
+        Err(TryAcquireError::InsufficientCapacity)
+    );
+    assert_eq!(
+        bucket.acquire_many(11).await,
+        Err(AcquireError::InsufficientCapacity)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn bad_quotas_are_config_errors() {
+    let zero_rate = Quota::new(Rate::per_second(1), 1).and(Rate::per_second(0), 1);
+    assert!(matches!(
+        TokenBucket::builder().quota(zero_rate).build(),
+        Err(ConfigError::InvalidRate { .. })
+    ));
+    let zero_capacity = Quota::new(Rate::per_second(1), 1).and(Rate::per_day(1), 0);
+    assert!(matches!(
+        Funnel::builder().quota(zero_capacity).build(),
+        Err(ConfigError::ZeroCapacity)
+    ));
+    let five = Quota::new(Rate::per_second(1), 1)
+        .and(Rate::per_minute(1), 1)
+        .and(Rate::per_hour(1), 1)
+        .and(Rate::per_day(1), 1)
+        .and(Rate::per_day(2), 2);
+    assert_eq!(five.bands().len(), Quota::MAX_BANDS);
+    assert!(matches!(
+        LeakyBucket::builder().quota(five).build(),
+        Err(ConfigError::InvalidParameter { name: "quota", .. })
+    ));
+    assert!(matches!(
+        TokenBucket::builder()
+            .quota(SECOND_AND_MINUTE)
+            .rate(Rate::per_second(1))
+            .build(),
+        Err(ConfigError::InvalidParameter { name: "quota", .. })
+    ));
+    // More initial tokens than the smallest band holds.
+    assert_eq!(
+        TokenBucket::builder()
+            .quota(SECOND_AND_MINUTE)
+            .initial(11)
+            .build()
+            .unwrap_err(),
+        ConfigError::InitialExceedsCapacity {
+            initial: 11,
+            capacity: 10
+        }
+    );
+    // A set_rate has no single band to change.
+    let bucket = TokenBucket::builder()
+        .quota(SECOND_AND_MINUTE)
+        .build()
+        .unwrap();
+    assert!(matches!(
+        bucket.set_rate(Rate::per_second(1)),
+        Err(ConfigError::InvalidParameter { name: "rate", .. })
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_one_band_quota_is_a_rate_and_a_capacity() {
+    let quota = Quota::from(Band::new(Rate::per_second(5), 2));
+    let bucket = TokenBucket::builder().quota(quota).build().unwrap();
+    let plain = TokenBucket::builder()
+        .rate(Rate::per_second(5))
+        .capacity(2)
+        .build()
+        .unwrap();
+    assert_eq!(format!("{bucket:?}"), format!("{plain:?}"));
+    assert_eq!(bucket.quota(), plain.quota());
+}
+
+/// How a request arrives.
+#[derive(Debug, Clone, Copy)]
+enum Ask {
+    /// `try_acquire_many`.
+    Try,
+    /// `acquire_many`, given up after this long (never if `None`).
+    Wait(Option<u64>),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Token,
+    Leaky,
+    Funnel,
+}
+
+fn ask() -> impl Strategy<Value = Ask> {
+    prop_oneof![
+        Just(Ask::Try),
+        Just(Ask::Wait(None)),
+        (1u64..3_000).prop_map(|ms| Ask::Wait(Some(ms))),
+    ]
+}
+
+fn band() -> impl Strategy<Value = (u32, u64, u32)> {
+    // permits per period (1 ms, 1 s, 1 min), capacity.
+    (
+        1u32..=20,
+        prop_oneof![Just(1u64), Just(1_000), Just(60_000)],
+        1u32..=8,
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Random bands, arrivals, weights and withdrawals: in every band, any
+    /// window of length T holds at most capacity + rate × (T + 1 tick)
+    /// permits, and the waiters that were not withdrawn are granted in
+    /// arrival order.
+    #[test]
+    fn no_band_over_admits(
+        kind in prop_oneof![Just(Kind::Token), Just(Kind::Leaky), Just(Kind::Funnel)],
+        bands in proptest::collection::vec(band(), 1..=3),
+        arrivals in proptest::collection::vec((0u64..300, 1u32..=8, ask()), 1..60),
+    ) {
+        let mut quota = Quota::new(Rate::per(bands[0].0, ms(bands[0].1)), bands[0].2);
+        for &(permits, period, capacity) in &bands[1..] {
+            quota = quota.and(Rate::per(permits, ms(period)), capacity);
+        }
+        let (grants, waiters) = run(async move {
+            let limiter: Arc<dyn Limiter> = match kind {
+                Kind::Token => Arc::new(TokenBucket::builder().quota(quota).build().unwrap()),
+                Kind::Leaky => Arc::new(LeakyBucket::builder().quota(quota).build().unwrap()),
+                Kind::Funnel => Arc::new(Funnel::builder().quota(quota).build().unwrap()),
+            };
+            let start = Instant::now();
+            let grants = Arc::new(Mutex::new(Vec::<(Duration, u32)>::new()));
+            let waiters = Arc::new(Mutex::new(Vec::<usize>::new()));
+            let mut tasks = vec![];
+            for (i, (gap, n, ask)) in arrivals.into_iter().enumerate() {
+                // Sleep (not `advance`): the timers due on the way fire on
+                // time, so the grants are recorded when they happen.
+                time::sleep(ms(gap)).await;
+                let n = n.min(quota.capacity());
+                match ask {
+                    Ask::Try => {
+                        if limiter.try_acquire_many(n).is_ok() {
+                            grants.lock().unwrap().push((start.elapsed(), n));
+                        }
+                    }
+                    Ask::Wait(give_up) => {
+                        let (limiter, grants, waiters) = (limiter.clone(), grants.clone(), waiters.clone());
+                        tasks.push(tokio::spawn(async move {
+                            let acquired = match give_up {
+                                None => limiter.acquire_many(n).await,
+                                Some(after) => time::timeout(ms(after), limiter.acquire_many(n))
+                                    .await
+                                    .unwrap_or(Err(AcquireError::Timeout)),
+                            };
+                            if acquired.is_ok() {
+                                grants.lock().unwrap().push((start.elapsed(), n));
+                                if give_up.is_none() {
+                                    waiters.lock().unwrap().push(i);
+                                }
+                            }
+                        }));
+                        // Let it reserve its turn now, in arrival order.
+                        tokio::task::yield_now().await;
+                    }
+                }
+            }
+            for task in tasks {
+                task.await.unwrap();
+            }
+            let grants = grants.lock().unwrap().clone();
+            let waiters = waiters.lock().unwrap().clone();
+            (grants, waiters)
+        });
+        let mut sorted = grants.clone();
+        sorted.sort();
+        for &(permits, period, capacity) in &bands {
+            for (i, &(from, _)) in sorted.iter().enumerate() {
+                let mut sum = 0u128;
+                for &(to, n) in &sorted[i..] {
+                    sum += u128::from(n);
+                    let span = (to.saturating_sub(from) + ms(1)).as_nanos();
+                    let allowed = u128::from(capacity)
+                        + span * u128::from(permits) / ms(period).as_nanos();
+                    prop_assert!(sum <= allowed, "{sum} in [{from:?}, {to:?}] for {permits} per {period} ms, burst {capacity}");
+                }
+            }
+        }
+        let mut in_order = waiters.clone();
+        in_order.sort_unstable();
+        prop_assert_eq!(waiters, in_order, "waiters granted out of order");
+    }
+}
