@@ -8,7 +8,7 @@
 //! callgrind_annotate cg.out | head -40
 //! ```
 //!
-//! Arguments: `token|funnel|governor|keyed|governor_keyed|semaphore|clock`,
+//! Arguments: `token|token2|funnel|governor|keyed|governor_keyed|semaphore|clock`,
 //! `allowed|denied`, and a call count. `keyed` and `governor_keyed` check one
 //! hot `u64` key of a map that holds 1 000 keys (the default hashers; the
 //! quota of the `memory` benchmark: 1/s, burst 10⁷). Subtract a run with a
@@ -50,6 +50,19 @@ fn main() {
                 .capacity(capacity)
                 .build()
                 .unwrap();
+            if !allowed {
+                b.try_acquire().unwrap();
+            }
+            for _ in 0..n {
+                ok += u64::from(b.try_acquire().is_ok());
+            }
+        }
+        "token2" => {
+            // Two bands: the one of `token`, and a day's band that always has
+            // room.
+            let quota = tokio_ratelimit::Quota::new(rate, capacity)
+                .and(Rate::per_day(4_000_000_000), 4_000_000_000);
+            let b = TokenBucket::builder().quota(quota).build().unwrap();
             if !allowed {
                 b.try_acquire().unwrap();
             }

@@ -30,6 +30,9 @@ use crate::settings::Settings;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {
     Token,
+    /// A `TokenBucket` of two bands: the spec's, and a day's band that
+    /// always has room (the cost of a second band).
+    Token2,
     /// `LeakyBucket::try_acquire`: the meter.
     Meter,
     /// `LeakyBucket::acquire`: the shaper.
@@ -63,6 +66,7 @@ impl Kind {
     pub(crate) fn name(self) -> &'static str {
         match self {
             Kind::Token => "TokenBucket",
+            Kind::Token2 => "TokenBucket, 2 bands",
             Kind::Meter => "LeakyBucket (meter)",
             Kind::Shaper => "LeakyBucket (shaper)",
             Kind::Funnel => "Funnel",
@@ -76,8 +80,9 @@ impl Kind {
 }
 
 /// The limiters compared by `try_acquire` (scenarios 1 and 2).
-pub(crate) const TRY_KINDS: [Kind; 8] = [
+pub(crate) const TRY_KINDS: [Kind; 9] = [
     Kind::Token,
+    Kind::Token2,
     Kind::Meter,
     Kind::Funnel,
     Kind::SmoothBursty,
@@ -217,6 +222,15 @@ pub(crate) fn build_wait(kind: Kind, spec: Spec) -> Subject {
             TokenBucket::builder()
                 .rate(spec.rate())
                 .capacity(spec.capacity)
+                .build()
+                .unwrap(),
+        ),
+        Kind::Token2 => Subject::Token(
+            TokenBucket::builder()
+                .quota(
+                    tokio_ratelimit::Quota::new(spec.rate(), spec.capacity)
+                        .and(Rate::per_day(4_000_000_000), 4_000_000_000),
+                )
                 .build()
                 .unwrap(),
         ),
