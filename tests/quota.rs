@@ -90,6 +90,31 @@ async fn waiters_go_when_every_band_lets_them() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_dropped_waiter_gives_its_turn_to_the_ones_behind() {
+    use tokio_test::{assert_pending, assert_ready_eq, task};
+    // 10/s and 1/s, bursts of 1: waiters go once a second.
+    let bucket = Funnel::builder()
+        .quota(Quota::new(Rate::per_second(10), 1).and(Rate::per_second(1), 1))
+        .build()
+        .unwrap();
+    bucket.try_acquire().unwrap();
+    let mut second = task::spawn(bucket.acquire());
+    let mut third = task::spawn(bucket.acquire());
+    assert_pending!(second.poll());
+    assert_pending!(third.poll());
+    time::advance(ms(500)).await;
+    // Dropped half way to its turn (1 s): the third takes it.
+    drop(second);
+    assert_pending!(third.poll());
+    time::advance(ms(499)).await;
+    assert_pending!(third.poll());
+    time::advance(ms(1)).await;
+    assert_ready_eq!(third.poll(), Ok(()));
+    // Nothing was lost or given twice: the next permit is due at 2 s.
+    assert_eq!(bucket.try_acquire(), limited(ms(1000)));
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_request_above_the_smallest_capacity_is_refused_at_once() {
     let bucket = LeakyBucket::builder()
         .quota(SECOND_AND_MINUTE)

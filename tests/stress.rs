@@ -30,7 +30,7 @@ use futures::FutureExt;
 use tokio_ratelimit::keyed::{Keyed, KeyedFunnel, KeyedLimiter, KeyedStats};
 use tokio_ratelimit::tower::{BoxError, KeyedRateLimitLayer, RateLimitLayer, RateLimited};
 use tokio_ratelimit::{
-    AcquireError, Funnel, LeakyBucket, Limiter, Rate, SmoothBursty, SmoothWarmingUp, Stats,
+    AcquireError, Funnel, LeakyBucket, Limiter, Quota, Rate, SmoothBursty, SmoothWarmingUp, Stats,
     TokenBucket, TryAcquireError,
 };
 use tower::{Layer, ServiceExt, service_fn};
@@ -1137,4 +1137,56 @@ fn tower_keyed_token_bucket_threads() {
         1,
         keyed_bucket,
     );
+}
+
+// ---- Quotas of two bands ------------------------------------------------
+
+/// Two bands: a short one (twice the rate, a burst of 100) and the bucket
+/// family's (the rate, `CAPACITY`). The short band refuses most requests
+/// while the other still holds its burst, so a refusal that debited the
+/// other band anyway would show as under-delivery against it.
+fn two_bands() -> Quota {
+    Quota::new(Rate::per_second((2 * RATE).try_into().unwrap()), 100).and(rate(), CAPACITY)
+}
+
+/// Each band's bound: the short band's upper bound only; the other binds
+/// over the run, both ways.
+fn two_band_bounds() -> [Bound; 2] {
+    [
+        Bound {
+            floor_burst: 0,
+            floor: 0,
+            ..Bound::exact(2 * RATE, 100)
+        },
+        bucket_bound(),
+    ]
+}
+
+#[test]
+fn two_band_token_bucket_threads() {
+    let _serial = serial();
+    let what = "TokenBucket of two bands, threads";
+    let rt = runtime();
+    let load = Load::new(THREADS, 4, 1);
+    let limiter = rt.block_on(async { TokenBucket::builder().quota(two_bands()).build().unwrap() });
+    let tally = hammer(load, |_, n| try_once(&limiter, n));
+    for bound in two_band_bounds() {
+        check(what, &tally, bound);
+    }
+    check_stats(what, limiter.stats(), &tally);
+}
+
+#[test]
+fn two_band_funnel_tasks() {
+    let _serial = serial();
+    let what = "Funnel of two bands, tasks";
+    let rt = runtime();
+    let load = Load::new(TASKS, 4, 1);
+    let limiter: Arc<dyn Limiter> =
+        Arc::new(rt.block_on(async { Funnel::builder().quota(two_bands()).build().unwrap() }));
+    let tally = rt.block_on(storm(load, ALL, vec![Arc::clone(&limiter)]));
+    for bound in two_band_bounds() {
+        check(what, &tally, bound.waiters());
+    }
+    check_stats(what, limiter.stats(), &tally);
 }

@@ -22,12 +22,9 @@
 //! # Withdrawal
 //!
 //! A withdrawn reservation gives back, in each band, the part not yet
-//! drained ([`Params::refund`]) when no reservation waits behind it. When
-//! some do, their turns move forward by the same time in every band — the
-//! smallest of the bands' undrained parts, so that no band moves a turn by
-//! more than it gave back — and each band gives back that much; the rest
-//! stays spent until the queue drains. A waiter behind keeps arriving at
-//! its (earlier) turn in every band, so the bound above still holds.
+//! drained ([`Params::refund`]), and the reservations behind it that are
+//! not yet due are placed again, in order, by the same rule (see
+//! [`Bands::withdraw`] for why no band over-admits).
 
 use std::time::Duration;
 
@@ -46,13 +43,20 @@ pub(crate) struct Bands {
     len: usize,
 }
 
-/// A waiter's reservation across the bands.
+/// A reservation across the bands: what withdrawing it, or one ahead of
+/// it, needs to place it again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Placed {
     /// When it may go, in ns since the origin (rounded up).
     pub(crate) turn: u128,
     /// Where its water ends in each band.
     pub(crate) ends: PerBand,
+    /// Each band's state just before it was poured.
+    before: PerBand,
+    /// When it was reserved, in ns since the origin.
+    at: u128,
+    /// Its permits.
+    n: u32,
 }
 
 impl Bands {
@@ -147,24 +151,88 @@ impl Bands {
                 return Err(Overflow);
             }
         }
-        Ok(Placed { turn, ends })
+        Ok(Placed {
+            turn,
+            ends,
+            before: *tats,
+            at: now_ns,
+            n,
+        })
     }
 
-    /// What withdrawing `placed` (of `n` units) at `now_ns` gives back: each
-    /// band's undrained part (scaled), and the time (ns) the reservations
-    /// behind it may move forward in every band.
-    pub(crate) fn refunds(&self, placed: &Placed, n: u32, now_ns: u128) -> (PerBand, u128) {
-        let mut refunds = [0; MAX_BANDS];
-        let mut shift = u128::MAX;
-        for ((refund, &end), p) in refunds
-            .iter_mut()
-            .zip(placed.ends.iter())
-            .zip(self.params())
-        {
-            *refund = p.refund(end, n, p.scale_nanos(now_ns));
-            shift = shift.min(p.nanos_floor(*refund));
+    /// Withdraws `gone` at `now_ns`: each band gets back its undrained part
+    /// (as [`Params::refund`] says for one band), and every reservation in `behind` (those after
+    /// it, in order) that is not yet due is placed again as it was made —
+    /// at the time it was reserved, for its permits — on the state before
+    /// it less what moved ahead of it. Returns whether any turn moved.
+    ///
+    /// Why no band over-admits: unrolled, a band's state is the largest,
+    /// over the requests poured, of (the time it was poured at + the water
+    /// poured from then on). Every pour between two placed reservations (a
+    /// meter's grant, a reservation already due) was made at or before
+    /// `now`, and added the water between them; so the state before a
+    /// reservation, with the one ahead of it moved by Δ, is at most
+    /// `max(before − Δ, now + before − end_ahead)` — and for the last state
+    /// with nothing behind, exactly the single band's refund rule. Each reservation is placed again on that bound, by the rule
+    /// that placed it, so every band keeps the property the window bound
+    /// rests on (see the module notes); and the state after the last one is
+    /// bounded the same way.
+    pub(crate) fn withdraw<'a>(
+        &self,
+        tats: &mut PerBand,
+        gone: &Placed,
+        now_ns: u128,
+        release: Release,
+        behind: impl Iterator<Item = &'a mut Placed>,
+    ) -> bool {
+        let now = self.scaled(now_ns);
+        // The end of the reservation ahead, before and after it moved.
+        let old_ahead = gone.ends;
+        // Without `gone`, each band is as before it, but for the part of its
+        // water already drained (a held reservation, granted and dropped
+        // later): the single band's refund rule, and also the time between
+        // the band's state and the turn it was poured at.
+        let mut new_ahead = gone.ends;
+        for b in 0..self.len {
+            new_ahead[b] = gone.before[b].max(gone.ends[b].min(now[b]));
         }
-        (refunds, shift)
+        let mut old_ahead = old_ahead;
+        let mut moved = false;
+        for later in behind {
+            if later.turn <= now_ns {
+                continue; // due: poured like a meter's grant, at or before now
+            }
+            let before = self.moved(&later.before, &old_ahead, &new_ahead, &now);
+            let Ok(again) = self.reserve(&before, later.at, later.n, release) else {
+                continue; // cannot happen: less water ahead
+            };
+            old_ahead = later.ends;
+            new_ahead = again.ends;
+            moved |= again.turn != later.turn;
+            *later = again;
+        }
+        *tats = self.moved(tats, &old_ahead, &new_ahead, &now);
+        moved
+    }
+
+    /// A state poured after a reservation that moved from `old_ahead` to
+    /// `new_ahead`, bounded as in [`withdraw`](Self::withdraw).
+    fn moved(
+        &self,
+        state: &PerBand,
+        old_ahead: &PerBand,
+        new_ahead: &PerBand,
+        now: &PerBand,
+    ) -> PerBand {
+        let mut moved = *state;
+        for b in 0..self.len {
+            let (state, old, new) = (state[b], old_ahead[b], new_ahead[b]);
+            let between = state.saturating_sub(old);
+            moved[b] = state
+                .saturating_sub(old - new)
+                .max(now[b].saturating_add(between).min(state));
+        }
+        moved
     }
 
     /// `ns` nanoseconds in each band's scaled units.
@@ -297,19 +365,28 @@ mod tests {
     }
 
     #[test]
-    fn refunds_per_band_and_the_common_shift() {
+    fn a_withdrawal_places_the_ones_behind_again() {
         let b = bands(&[(Rate::per_second(10), 1), (Rate::per_second(1), 1)]);
         let tats = b.start(0, 0);
         let first = b.reserve(&tats, 0, 1, Release::Tokens).unwrap();
         let second = b.reserve(&first.ends, 0, 1, Release::Tokens).unwrap();
-        assert_eq!(second.turn, S);
-        // Withdrawn at 0: poured at 1 s, nothing of it has drained; 100 ms
-        // in the fast band, 1 s in the slow one; the turns behind may move
-        // by 100 ms.
-        let (refunds, shift) = b.refunds(&second, 1, 0);
-        assert_eq!(shift, S / 10);
-        assert_eq!(refunds[0], b.params()[0].scale_nanos(S / 10));
-        assert_eq!(refunds[1], b.params()[1].scale_nanos(S));
+        let mut third = b.reserve(&second.ends, 0, 1, Release::Tokens).unwrap();
+        assert_eq!((first.turn, second.turn, third.turn), (0, S, 2 * S));
+        // The second withdrawn at 0: the third takes its turn.
+        let mut tats = third.ends;
+        assert!(b.withdraw(
+            &mut tats,
+            &second,
+            0,
+            Release::Tokens,
+            std::iter::once(&mut third)
+        ));
+        assert_eq!(third.turn, S);
+        assert_eq!(tats, third.ends);
+        // And withdrawn in turn, the state is as after the first alone.
+        let third = third;
+        assert!(!b.withdraw(&mut tats, &third, 0, Release::Tokens, std::iter::empty()));
+        assert_eq!(tats, first.ends);
     }
 
     /// A band: `permits` per `period_ns`, burst `capacity`.

@@ -120,33 +120,11 @@ impl Schedule for Banded {
         tats: &mut PerBand,
         now: &u128,
         placed: Placed,
-        n: u32,
+        _: u32,
         behind: impl Iterator<Item = &'a mut Placed>,
     ) -> bool {
-        let (refunds, shift) = self.bands.refunds(&placed, n, *now);
-        let mut behind = behind.peekable();
-        if behind.peek().is_none() {
-            for (tat, refund) in tats.iter_mut().zip(refunds) {
-                *tat = tat.saturating_sub(refund);
-            }
-            return false;
-        }
-        if shift == 0 {
-            return false;
-        }
-        // See the module notes of `algorithm::bands`: every band moves by
-        // the same time.
-        let scaled = self.bands.scaled(shift);
-        for later in behind {
-            later.turn -= shift;
-            for (end, by) in later.ends.iter_mut().zip(scaled) {
-                *end = end.saturating_sub(by);
-            }
-        }
-        for (tat, by) in tats.iter_mut().zip(scaled) {
-            *tat = tat.saturating_sub(by);
-        }
-        true
+        self.bands
+            .withdraw(tats, &placed, *now, self.release, behind)
     }
 
     fn is_fresh(&self, tats: &PerBand) -> bool {
