@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::algorithm::Release;
 use crate::engine::{BucketEngine, Kind};
 use crate::limiter::impl_limiter;
-use crate::{AcquireError, ConfigError, Quota, Rate, Reservation, Stats, TryAcquireError};
+use crate::{AcquireError, ConfigError, Peek, Quota, Rate, Reservation, Stats, TryAcquireError};
 
 /// The funnel: a leaky-bucket meter computed lazily, with no task at all.
 ///
@@ -209,6 +209,13 @@ impl Funnel {
     /// a capacity).
     pub fn quota(&self) -> Quota {
         self.engine.quota()
+    }
+
+    /// What `try_acquire_many(n)` would answer now, and each band's
+    /// units of room and time until drained, without taking or counting
+    /// anything: what the `RateLimit` response headers need.
+    pub fn peek(&self, n: u32) -> Peek {
+        self.engine.peek(n)
     }
 
     /// Closes the funnel: every waiter and every later call fails with

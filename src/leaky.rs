@@ -20,7 +20,7 @@ use std::time::Duration;
 use crate::algorithm::Release;
 use crate::engine::{BucketEngine, Kind};
 use crate::limiter::impl_limiter;
-use crate::{AcquireError, ConfigError, Quota, Rate, Reservation, Stats, TryAcquireError};
+use crate::{AcquireError, ConfigError, Peek, Quota, Rate, Reservation, Stats, TryAcquireError};
 
 /// A leaky bucket: holds up to `capacity` units of water and drains at
 /// `rate`, as a meter and as a shaper over one shared water level.
@@ -223,6 +223,13 @@ impl LeakyBucket {
     /// a capacity).
     pub fn quota(&self) -> Quota {
         self.engine.quota()
+    }
+
+    /// What `try_acquire_many(n)` would answer now, and each band's
+    /// units of room and time until drained, without taking or counting
+    /// anything: what the `RateLimit` response headers need.
+    pub fn peek(&self, n: u32) -> Peek {
+        self.engine.peek(n)
     }
 
     /// Closes the bucket: every shaped request still waiting and every

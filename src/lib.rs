@@ -225,7 +225,7 @@ pub use error::{AcquireError, ConfigError, Refused, TryAcquireError};
 pub use funnel::{Funnel, FunnelBuilder};
 pub use leaky::{LeakyBucket, LeakyBucketBuilder};
 pub use limiter::Limiter;
-pub use quota::{Band, Quota};
+pub use quota::{Band, BandState, Peek, Quota};
 pub use rate::Rate;
 pub use reservation::Reservation;
 pub use smooth::{SmoothBursty, SmoothBurstyBuilder, SmoothWarmingUp, SmoothWarmingUpBuilder};

@@ -2,9 +2,10 @@
 //! with bursts of 40 *and* 10 000 per day.
 
 use std::fmt;
+use std::time::Duration;
 
 use crate::algorithm::Params;
-use crate::{ConfigError, Rate};
+use crate::{ConfigError, Rate, TryAcquireError};
 
 /// One limit of a [`Quota`]: up to `capacity` permits at once, refilled at
 /// `rate` (a token bucket of its own).
@@ -153,5 +154,65 @@ impl fmt::Debug for Quota {
 impl From<Band> for Quota {
     fn from(band: Band) -> Quota {
         Quota::new(band.rate, band.capacity)
+    }
+}
+
+/// One band's state at the moment of a [`Peek`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BandState {
+    /// The band.
+    pub band: Band,
+    /// Whole permits it would grant now (tokens; for a leaky bucket or a
+    /// funnel, units of free room).
+    pub available: u32,
+    /// How long until it is full again (for a leaky bucket or a funnel:
+    /// drained) if nothing more is taken; zero when it is.
+    pub full_in: Duration,
+}
+
+/// What a request would get now, without taking anything: the answer its
+/// `try_acquire_many` would give at this instant, and every band's state —
+/// what `RateLimit` response headers and dashboards show. Made by the
+/// bucket limiters' `peek`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peek {
+    answer: Result<(), TryAcquireError>,
+    bands: [Option<BandState>; Quota::MAX_BANDS],
+}
+
+impl Peek {
+    pub(crate) fn new(answer: Result<(), TryAcquireError>, bands: &[BandState]) -> Peek {
+        let mut all = [None; Quota::MAX_BANDS];
+        for (slot, band) in all.iter_mut().zip(bands) {
+            *slot = Some(*band);
+        }
+        Peek { answer, bands: all }
+    }
+
+    /// What `try_acquire_many(n)` would answer now.
+    ///
+    /// # Errors
+    ///
+    /// The refusal it would get: `Limited` with the exact wait,
+    /// `InsufficientCapacity`, or `Closed`.
+    pub fn answer(&self) -> Result<(), TryAcquireError> {
+        self.answer
+    }
+
+    /// Whether it would be granted now.
+    pub fn is_granted(&self) -> bool {
+        self.answer.is_ok()
+    }
+
+    /// When it would be granted, if not now: the exact wait until every
+    /// band grants it (`None` when granted now, or when it never can be).
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.answer.err().and_then(|e| e.retry_after())
+    }
+
+    /// Every band's state, in the quota's order.
+    pub fn bands(&self) -> impl Iterator<Item = BandState> + '_ {
+        self.bands.iter().flatten().copied()
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::algorithm::Release;
 use crate::engine::{BucketEngine, Kind};
 use crate::limiter::impl_limiter;
-use crate::{AcquireError, ConfigError, Quota, Rate, Reservation, Stats, TryAcquireError};
+use crate::{AcquireError, ConfigError, Peek, Quota, Rate, Reservation, Stats, TryAcquireError};
 
 /// A token bucket: `capacity` tokens, refilled continuously at `rate`.
 ///
@@ -280,6 +280,33 @@ impl TokenBucket {
     /// a capacity).
     pub fn quota(&self) -> Quota {
         self.engine.quota()
+    }
+
+    /// What `try_acquire_many(n)` would answer now, and each band's
+    /// tokens and time until full of tokens, without taking or counting
+    /// anything: what the `RateLimit` response headers need.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokio_ratelimit::{Quota, Rate, TokenBucket};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let quota = Quota::new(Rate::per_second(10), 10).and(Rate::per_hour(100), 100);
+    /// let bucket = TokenBucket::builder().quota(quota).build().unwrap();
+    /// bucket.try_acquire_many(10).unwrap();
+    /// let peek = bucket.peek(1);
+    /// assert_eq!(peek.retry_after(), Some(Duration::from_millis(100)));
+    /// let [second, hour]: [_; 2] = peek.bands().collect::<Vec<_>>().try_into().unwrap();
+    /// assert_eq!((second.available, second.full_in), (0, Duration::from_secs(1)));
+    /// assert_eq!((hour.available, hour.full_in), (90, Duration::from_secs(360)));
+    /// assert_eq!(bucket.stats().refused, 0); // a look takes nothing
+    /// # }
+    /// ```
+    pub fn peek(&self, n: u32) -> Peek {
+        self.engine.peek(n)
     }
 
     /// Closes the bucket: every waiter and every later call fails with

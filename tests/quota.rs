@@ -313,3 +313,57 @@ proptest! {
         prop_assert_eq!(waiters, in_order, "waiters granted out of order");
     }
 }
+
+/// A limiter's `peek`.
+type PeekFn = Box<dyn Fn(u32) -> tokio_ratelimit::Peek>;
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// `peek(n)` answers exactly what `try_acquire_many(n)` then does, and
+    /// takes and counts nothing.
+    #[test]
+    fn a_peek_answers_what_try_acquire_does(
+        kind in prop_oneof![Just(Kind::Token), Just(Kind::Leaky), Just(Kind::Funnel)],
+        bands in proptest::collection::vec(band(), 1..=3),
+        arrivals in proptest::collection::vec((0u64..300, 0u32..=9, any::<bool>()), 1..60),
+    ) {
+        let mut quota = Quota::new(Rate::per(bands[0].0, ms(bands[0].1)), bands[0].2);
+        for &(permits, period, capacity) in &bands[1..] {
+            quota = quota.and(Rate::per(permits, ms(period)), capacity);
+        }
+        run(async move {
+            let build = || -> (Arc<dyn Limiter>, PeekFn) {
+                match kind {
+                    Kind::Token => {
+                        let b = TokenBucket::builder().quota(quota).build().unwrap();
+                        (Arc::new(b.clone()), Box::new(move |n| b.peek(n)))
+                    }
+                    Kind::Leaky => {
+                        let b = LeakyBucket::builder().quota(quota).build().unwrap();
+                        (Arc::new(b.clone()), Box::new(move |n| b.peek(n)))
+                    }
+                    Kind::Funnel => {
+                        let b = Funnel::builder().quota(quota).build().unwrap();
+                        (Arc::new(b.clone()), Box::new(move |n| b.peek(n)))
+                    }
+                }
+            };
+            let (limiter, peek) = build();
+            for (gap, n, twice) in arrivals {
+                time::sleep(ms(gap)).await;
+                let stats = limiter.stats();
+                let looked = peek(n);
+                if twice {
+                    prop_assert_eq!(peek(n), looked);
+                }
+                prop_assert_eq!((limiter.stats().granted, limiter.stats().refused), (stats.granted, stats.refused));
+                prop_assert_eq!(looked.bands().count(), quota.bands().len());
+                let available = looked.bands().map(|b| b.available).min().unwrap();
+                prop_assert_eq!(available, limiter.stats().available.unwrap());
+                prop_assert_eq!(looked.answer(), limiter.try_acquire_many(n));
+            }
+            Ok(())
+        })?;
+    }
+}

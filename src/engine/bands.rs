@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use super::{Engine, Kind, Reserve, Schedule};
 use crate::algorithm::{Bands, PerBand, Placed, Release};
-use crate::{ConfigError, Quota, clock};
+use crate::{BandState, ConfigError, Peek, Quota, clock};
 
 /// The schedule over several bands.
 pub(crate) struct Banded {
@@ -183,6 +183,31 @@ impl Engine<Banded> {
     pub(crate) fn available(&self) -> u32 {
         let queue = self.lock();
         self.schedule().available(&queue.books).unwrap_or(0)
+    }
+
+    /// What a request of `n` would get now, and every band's state,
+    /// without taking anything.
+    pub(crate) fn peek(&self, n: u32) -> Peek {
+        let banded = self.schedule();
+        let tats = self.lock().books;
+        let now = banded.now();
+        let answer = self.answer(n, || banded.bands.try_pour(&mut tats.clone(), now, n));
+        let mut states = Vec::with_capacity(banded.quota.bands().len());
+        for ((band, p), &tat) in banded
+            .quota
+            .bands()
+            .iter()
+            .zip(banded.bands.params())
+            .zip(&tats)
+        {
+            let now = p.scale_nanos(now);
+            states.push(BandState {
+                band: *band,
+                available: p.available(tat, now),
+                full_in: p.duration_ceil(tat.saturating_sub(now)),
+            });
+        }
+        Peek::new(answer, &states)
     }
 
     /// Units of water now, rounded up: the most of any band.

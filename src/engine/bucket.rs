@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use super::{Engine, Kind, Reserve, Schedule};
 use crate::algorithm::{Params, Release};
 use crate::cell::{Cell, Wait};
-use crate::{ConfigError, Rate};
+use crate::{Band, BandState, ConfigError, Peek, Rate};
 
 /// The schedule over one GCRA cell.
 pub(crate) struct Bucket {
@@ -207,6 +207,28 @@ impl Engine<Bucket> {
     /// Whole tokens / units of free room at this instant.
     pub(crate) fn available(&self) -> u32 {
         self.schedule().free()
+    }
+
+    /// What a request of `n` would get now, and the band's state, without
+    /// taking anything.
+    pub(crate) fn peek(&self, n: u32) -> Peek {
+        let rate = self.rate();
+        let cell = &self.schedule().cell;
+        let now_nanos = cell.now_nanos();
+        let s = cell.snapshot();
+        let (p, tat) = (s.params, s.tat());
+        let now = p.scale_nanos(now_nanos);
+        let answer = self.answer(n, || {
+            p.try_pour(tat, now, n)
+                .map(|_| ())
+                .map_err(|short| p.duration_ceil(short))
+        });
+        let state = BandState {
+            band: Band::new(rate, p.capacity()),
+            available: p.available(tat, now),
+            full_in: p.duration_ceil(tat.saturating_sub(now)),
+        };
+        Peek::new(answer, &[state])
     }
 
     /// Units of water (poured and reserved, not yet drained), rounded up.

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::{Banded, Bucket, Engine, Kind, Setup};
 use crate::algorithm::{Params, Release};
-use crate::{AcquireError, ConfigError, Quota, Rate, Reservation, Stats, TryAcquireError};
+use crate::{AcquireError, ConfigError, Peek, Quota, Rate, Reservation, Stats, TryAcquireError};
 
 /// A bucket limiter's engine.
 #[derive(Clone)]
@@ -95,6 +95,10 @@ impl BucketEngine {
             BucketEngine::One(e) => Quota::new(e.rate(), e.capacity()),
             BucketEngine::Bands(e) => e.quota(),
         }
+    }
+
+    pub(crate) fn peek(&self, n: u32) -> Peek {
+        either!(self, e => e.peek(n))
     }
 
     pub(crate) fn available(&self) -> u32 {

@@ -275,6 +275,25 @@ impl<S: Schedule> Engine<S> {
         }
     }
 
+    /// What [`try_acquire`](Self::try_acquire) would answer now for `n`,
+    /// given whether it fits (`Err`: the wait until it would), without
+    /// taking or counting anything.
+    pub(crate) fn answer(
+        &self,
+        n: u32,
+        fits: impl FnOnce() -> Result<(), Duration>,
+    ) -> Result<(), TryAcquireError> {
+        if self.is_closed() {
+            Err(TryAcquireError::Closed)
+        } else if n > self.capacity() {
+            Err(TryAcquireError::InsufficientCapacity)
+        } else if n == 0 {
+            Ok(())
+        } else {
+            fits().map_err(|retry_after| TryAcquireError::Limited { retry_after })
+        }
+    }
+
     /// Waits for `n` permits, in turn; `max_wait` bounds the wait (`None`:
     /// no bound). Fails at once when the turn would come too late.
     pub(crate) async fn acquire(
