@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use tokio::time::{self, Instant};
+use tokio_ratelimit::keyed::Keyed;
 use tokio_ratelimit::{
     AcquireError, Band, ConfigError, Funnel, LeakyBucket, Limiter, Quota, Rate, TokenBucket,
     TryAcquireError,
@@ -193,6 +194,53 @@ async fn a_one_band_quota_is_a_rate_and_a_capacity() {
         .unwrap();
     assert_eq!(format!("{bucket:?}"), format!("{plain:?}"));
     assert_eq!(bucket.quota(), plain.quota());
+}
+
+/// The tier of a key: free keys 2 per second (bursts of 2) and 5 per
+/// minute; paid keys ten times that.
+fn tier(key: &str, paid: &Mutex<Vec<String>>) -> Quota {
+    let scale = if paid.lock().unwrap().iter().any(|k| k == key) {
+        10
+    } else {
+        1
+    };
+    Quota::new(Rate::per_second(2 * scale), 2 * scale).and(Rate::per_minute(5 * scale), 5 * scale)
+}
+
+#[tokio::test(start_paused = true)]
+async fn each_key_is_held_to_its_own_tier() {
+    let paid = Arc::new(Mutex::new(vec!["paid".to_string()]));
+    let tiers = Arc::clone(&paid);
+    let keyed: Keyed<String, TokenBucket> = Keyed::builder()
+        .limiter_for(move |key: &String| TokenBucket::builder().quota(tier(key, &tiers)).build())
+        .build()
+        .unwrap();
+    let take_all = |key: &str| {
+        let mut granted = 0;
+        while keyed.try_acquire(key).is_ok() {
+            granted += 1;
+        }
+        granted
+    };
+    assert_eq!((take_all("free"), take_all("paid")), (2, 20));
+    // Over the next minute: the minute's band holds each to 5 and 50.
+    let (mut free, mut paid_n) = (2, 20);
+    for _ in 0..60 {
+        time::advance(Duration::from_secs(1)).await;
+        free += take_all("free");
+        paid_n += take_all("paid");
+    }
+    // 5 (+ 5 refilled over the minute, one each 12 s) and 50 (+ 50).
+    assert_eq!((free, paid_n), (10, 100));
+
+    // "free" becomes paid: its bucket keeps its tier until it is fresh
+    // (full again) and swept; then its next request builds the new one.
+    paid.lock().unwrap().push("free".to_string());
+    assert!(keyed.try_acquire("free").is_err());
+    time::advance(Duration::from_secs(60)).await;
+    assert_eq!(keyed.sweep(), 0); // both fresh: no key left
+    assert!(keyed.is_empty());
+    assert_eq!(take_all("free"), 20);
 }
 
 /// How a request arrives.

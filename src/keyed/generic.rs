@@ -14,7 +14,24 @@ use super::{KeyedStats, Sweep, spawn_sweeper};
 use crate::stats::Counters;
 use crate::{AcquireError, ConfigError, Limiter, TryAcquireError, clock};
 
-type Factory<L> = dyn Fn() -> Result<L, ConfigError> + Send + Sync;
+type Factory<K, L> = dyn Fn(&K) -> Result<L, ConfigError> + Send + Sync;
+
+/// How a builder makes the limiter of a new key.
+enum Make<K, L> {
+    /// The same for every key: checked once when the map is built.
+    Any(Arc<dyn Fn() -> Result<L, ConfigError> + Send + Sync>),
+    /// From the key (its tier, say).
+    PerKey(Arc<Factory<K, L>>),
+}
+
+impl<K, L> Clone for Make<K, L> {
+    fn clone(&self) -> Self {
+        match self {
+            Make::Any(f) => Make::Any(Arc::clone(f)),
+            Make::PerKey(f) => Make::PerKey(Arc::clone(f)),
+        }
+    }
+}
 
 /// A limiter per key, built on first use from a factory.
 ///
@@ -69,7 +86,7 @@ impl<K, L, S> Clone for Keyed<K, L, S> {
 
 struct Inner<K, L, S> {
     map: ShardMap<K, L, S>,
-    factory: Box<Factory<L>>,
+    factory: Box<Factory<K, L>>,
     runtime: Option<tokio::runtime::Handle>,
     sweeper: Option<Arc<Notify>>,
     counters: Counters,
@@ -77,7 +94,7 @@ struct Inner<K, L, S> {
 
 /// Configures a [`Keyed`]; made by [`Keyed::builder`].
 pub struct KeyedBuilder<K, L, S = RandomState> {
-    factory: Option<Arc<Factory<L>>>,
+    factory: Option<Make<K, L>>,
     max_keys: usize,
     sweep_interval: Duration,
     background_sweep: bool,
@@ -122,7 +139,23 @@ where
     where
         F: Fn() -> Result<L, ConfigError> + Send + Sync + 'static,
     {
-        self.factory = Some(Arc::new(factory));
+        self.factory = Some(Make::Any(Arc::new(factory)));
+        self
+    }
+
+    /// How to build the limiter of a new key from the key, instead of
+    /// [`limiter`](Self::limiter): for tiers, e.g. a quota ten times
+    /// larger for paid keys. The key's limiter is built on its first use
+    /// and kept while it is in use, so a key whose tier changes gets its new
+    /// tier once its limiter is fresh again and dropped (a funnel or a
+    /// leaky bucket drained, a token bucket refilled). Not called when the
+    /// map is built: a factory that fails for a key makes that key's calls
+    /// fail (`Closed`).
+    pub fn limiter_for<F>(&mut self, factory: F) -> &mut Self
+    where
+        F: Fn(&K) -> Result<L, ConfigError> + Send + Sync + 'static,
+    {
+        self.factory = Some(Make::PerKey(Arc::new(factory)));
         self
     }
 
@@ -164,8 +197,9 @@ where
         }
     }
 
-    /// Builds the map. The factory is called once here, to report a bad
-    /// configuration now rather than on the first key. Inside a tokio
+    /// Builds the map. A [`limiter`](Self::limiter) factory is called once
+    /// here, to report a bad configuration now rather than on the first
+    /// key. Inside a tokio
     /// runtime, the sweeper is spawned on it.
     ///
     /// # Errors
@@ -191,7 +225,13 @@ where
                 reason: "must be positive",
             });
         }
-        drop(factory()?);
+        let factory: Box<Factory<K, L>> = match factory {
+            Make::Any(make) => {
+                drop(make()?);
+                Box::new(move |_: &K| make())
+            }
+            Make::PerKey(make) => Box::new(move |key: &K| make(key)),
+        };
         let runtime = tokio::runtime::Handle::try_current().ok();
         let notify = runtime
             .as_ref()
@@ -205,7 +245,7 @@ where
                 clock::Origin::now(),
                 u64::MAX,
             ),
-            factory: Box::new(move || factory()),
+            factory,
             runtime: runtime.clone(),
             sweeper: notify.clone(),
             counters: Counters::default(),
@@ -232,9 +272,9 @@ where
         }
     }
 
-    fn make(&self) -> Option<L> {
+    fn make(&self, key: &K) -> Option<L> {
         let _entered = self.runtime.as_ref().map(tokio::runtime::Handle::enter);
-        match (self.factory)() {
+        match (self.factory)(key) {
             Ok(limiter) => Some(limiter),
             Err(error) => {
                 tracing::error!(%error, "keyed: the limiter factory failed");
@@ -254,7 +294,7 @@ where
         let (out, first) = self.map.get_or_insert(
             key,
             || self.map.now_nanos(),
-            || self.make(),
+            || self.make(&key.to_owned().into()),
             |limiter, _| limiter.is_fresh(),
             force,
             |limiter, _| f(limiter),
