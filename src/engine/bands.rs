@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::published::Published;
 use super::{Engine, Kind, Reserve, Schedule};
 use crate::algorithm::{Bands, PerBand, Placed, Release};
 use crate::{BandState, ConfigError, Peek, Quota, clock};
@@ -27,6 +28,8 @@ pub(crate) struct Banded {
     fresh_deficit: u32,
     origin: clock::Origin,
     closed: AtomicBool,
+    /// The bands' states after every change, for refusals without the lock.
+    published: Published,
 }
 
 impl Banded {
@@ -57,14 +60,25 @@ impl Schedule for Banded {
 
     fn try_take(engine: &Engine<Self>, n: u32) -> Result<(), Option<Duration>> {
         let banded = engine.schedule();
+        if banded.is_closed() {
+            return Err(None);
+        }
+        let now = banded.now();
+        // Refused on the published states: the answer at the instant they
+        // were read, without the lock.
+        if let Some(mut tats) = banded.published.read() {
+            banded.bands.try_pour(&mut tats, now, n).map_err(Some)?;
+        }
         let mut queue = engine.lock();
         if banded.is_closed() {
             return Err(None);
         }
         banded
             .bands
-            .try_pour(&mut queue.books, banded.now(), n)
-            .map_err(Some)
+            .try_pour(&mut queue.books, now, n)
+            .map_err(Some)?;
+        banded.published.publish(&queue.books);
+        Ok(())
     }
 
     fn reserve_unlocked(&self, _: u32, _: Option<Duration>) -> Option<Reserve<()>> {
@@ -84,6 +98,7 @@ impl Schedule for Banded {
             return Reserve::TooLong;
         }
         *tats = placed.ends;
+        self.published.publish(tats);
         if wait == 0 {
             Reserve::Ready(placed)
         } else {
@@ -123,8 +138,11 @@ impl Schedule for Banded {
         _: u32,
         behind: impl Iterator<Item = &'a mut Placed>,
     ) -> bool {
-        self.bands
-            .withdraw(tats, &placed, *now, self.release, behind)
+        let moved = self
+            .bands
+            .withdraw(tats, &placed, *now, self.release, behind);
+        self.published.publish(tats);
+        moved
     }
 
     fn is_fresh(&self, tats: &PerBand) -> bool {
@@ -170,6 +188,7 @@ impl Engine<Banded> {
             fresh_deficit: deficit,
             origin,
             closed: AtomicBool::new(false),
+            published: Published::new(&bands.start(0, deficit)),
         };
         let tats = bands.start(0, deficit);
         Ok(Engine::new(kind, banded, tats, runtime))

@@ -43,6 +43,7 @@ mod actor;
 mod bands;
 mod bucket;
 mod buckets;
+mod published;
 mod queue;
 mod waiter;
 
