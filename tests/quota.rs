@@ -196,6 +196,52 @@ async fn a_one_band_quota_is_a_rate_and_a_capacity() {
     assert_eq!(bucket.quota(), plain.quota());
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_peek_at_the_edges() {
+    let bucket = TokenBucket::builder()
+        .quota(SECOND_AND_MINUTE)
+        .build()
+        .unwrap();
+    assert_eq!(bucket.peek(0).answer(), Ok(()));
+    assert_eq!(
+        bucket.peek(u32::MAX).answer(),
+        Err(TryAcquireError::InsufficientCapacity)
+    );
+    assert_eq!(bucket.peek(u32::MAX).retry_after(), None);
+    bucket.close();
+    assert_eq!(bucket.peek(1).answer(), Err(TryAcquireError::Closed));
+    // A closed bucket still reports its bands.
+    assert_eq!(bucket.peek(1).bands().count(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_nanosecond_band_beside_a_day_band() {
+    // The finest rate there is, with the largest burst, and one a day.
+    let quota = Quota::new(Rate::per_second(1_000_000_000), u32::MAX).and(Rate::per_day(1), 1);
+    let bucket = Funnel::builder().quota(quota).build().unwrap();
+    assert_eq!(bucket.capacity(), 1);
+    assert_eq!(bucket.try_acquire(), Ok(()));
+    assert_eq!(bucket.try_acquire(), limited(Duration::from_secs(86_400)));
+    time::advance(Duration::from_secs(86_400)).await;
+    assert_eq!(bucket.try_acquire(), Ok(()));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_tier_that_cannot_be_built_closes_only_its_key() {
+    let keyed: Keyed<String, Funnel> = Keyed::builder()
+        .limiter_for(|key: &String| {
+            let capacity = if key == "broken" { 0 } else { 1 };
+            Funnel::builder()
+                .rate(Rate::per_second(1))
+                .capacity(capacity)
+                .build()
+        })
+        .build()
+        .unwrap();
+    assert_eq!(keyed.try_acquire("broken"), Err(TryAcquireError::Closed));
+    assert_eq!(keyed.try_acquire("fine"), Ok(()));
+}
+
 /// The tier of a key: free keys 2 per second (bursts of 2) and 5 per
 /// minute; paid keys ten times that.
 fn tier(key: &str, paid: &Mutex<Vec<String>>) -> Quota {
