@@ -179,7 +179,9 @@ impl Funnel {
     ///
     /// # Errors
     ///
-    /// [`ConfigError::InvalidRate`]; the funnel is unchanged.
+    /// [`ConfigError::InvalidRate`]; the funnel is unchanged. A funnel built
+    /// from a [`Quota`] of several bands has no single rate to change:
+    /// [`ConfigError::InvalidParameter`].
     pub fn set_rate(&self, rate: Rate) -> Result<(), ConfigError> {
         self.engine.set_rate(rate)
     }

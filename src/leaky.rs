@@ -192,7 +192,9 @@ impl LeakyBucket {
     ///
     /// # Errors
     ///
-    /// [`ConfigError::InvalidRate`]; the bucket is unchanged.
+    /// [`ConfigError::InvalidRate`]; the bucket is unchanged. A bucket built
+    /// from a [`Quota`] of several bands has no single rate to change:
+    /// [`ConfigError::InvalidParameter`].
     pub fn set_rate(&self, rate: Rate) -> Result<(), ConfigError> {
         self.engine.set_rate(rate)
     }

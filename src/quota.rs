@@ -42,6 +42,15 @@ impl Band {
 /// with each other (a burst larger than another band's capacity is simply
 /// held to that band), and the long-run rate is that of the tightest band.
 ///
+/// Waiters stay FIFO across bands, and cancelling one gives back what it
+/// had not used in every band. A `LeakyBucket` shaper's request overflows
+/// when it would wait longer than some band takes to drain. Several bands
+/// grant under the limiter's lock (refusals need none), and a waiter woken
+/// late by the 1 ms timer is not credited for its lateness as a one-band
+/// bucket's is, so at rates near the timer's resolution waiters of several
+/// bands may get slightly less than the rate; `try_acquire` gets it
+/// exactly.
+///
 /// # Examples
 ///
 /// ```

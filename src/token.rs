@@ -233,7 +233,9 @@ impl TokenBucket {
     ///
     /// # Errors
     ///
-    /// [`ConfigError::InvalidRate`]; the bucket is unchanged.
+    /// [`ConfigError::InvalidRate`]; the bucket is unchanged. A bucket built
+    /// from a [`Quota`] of several bands has no single rate to change:
+    /// [`ConfigError::InvalidParameter`].
     ///
     /// # Examples
     ///
