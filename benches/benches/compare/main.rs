@@ -3,13 +3,14 @@
 //!
 //! Run with `cargo bench -p tokio-ratelimit-benches` (add scenario names
 //! after `--` to run only some: `calibration try threads pacing herd memory
-//! cancel`). `BENCH_QUICK=1` shortens every scenario, for a smoke test.
+//! cancel bands`). `BENCH_QUICK=1` shortens every scenario, for a smoke test.
 //!
 //! One module per scenario, each with its table and its targets
 //! (`calibration`, `try_acquire`, `threads`, `pacing`, `herd`, `memory`,
-//! `cancel`); the limiters they compare are built in `peers`, the timed
+//! `cancel`, `bands`); the limiters they compare are built in `peers`, the timed
 //! loops are in `harness`, the durations and counts in `settings`.
 
+mod bands;
 mod calibration;
 mod cancel;
 mod harness;
@@ -75,6 +76,9 @@ fn main() {
     }
     if wanted("cancel") {
         cancel::cancellation(&rt, &set);
+    }
+    if wanted("bands") {
+        bands::bands(&rt, &set);
     }
     println!(
         "\n- finished in {:.0} s; load average (1 min) at end: {}",
