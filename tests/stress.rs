@@ -1190,3 +1190,39 @@ fn two_band_funnel_tasks() {
     }
     check_stats(what, limiter.stats(), &tally);
 }
+
+// ---- Stale clocks -----------------------------------------------------------
+
+/// A smooth limiter that is never exhausted (10⁹/s, a second of stored
+/// permits) refuses nobody, however two threads interleave: a caller whose
+/// clock was read before another's grant must not see that grant as debt.
+#[test]
+fn smooth_limiters_never_exhausted_refuse_nobody_on_two_threads() {
+    let _serial = serial();
+    let bursty = SmoothBursty::builder()
+        .permits_per_second(1e9)
+        .max_burst(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    // Let it store its second of permits.
+    std::thread::sleep(Duration::from_millis(1_100));
+    let refused = AtomicU64::new(0);
+    let start = Barrier::new(2);
+    std::thread::scope(|scope| {
+        for _ in 0..2 {
+            scope.spawn(|| {
+                start.wait();
+                for _ in 0..200_000 {
+                    if bursty.try_acquire().is_err() {
+                        refused.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+    });
+    assert_eq!(
+        refused.load(Ordering::Relaxed),
+        0,
+        "refused while never exhausted"
+    );
+}

@@ -63,11 +63,15 @@ impl Schedule for Banded {
         if banded.is_closed() {
             return Err(None);
         }
-        let now = banded.now();
         // Refused on the published states: the answer at the instant they
-        // were read, without the lock.
+        // were read, without the lock. The clock is read after them (and
+        // again under the lock): read before, it may predate a grant they
+        // include, which would then read as a fuller band than it is.
         if let Some(mut tats) = banded.published.read() {
-            banded.bands.try_pour(&mut tats, now, n).map_err(Some)?;
+            banded
+                .bands
+                .try_pour(&mut tats, banded.now(), n)
+                .map_err(Some)?;
         }
         let mut queue = engine.lock();
         if banded.is_closed() {
@@ -75,7 +79,7 @@ impl Schedule for Banded {
         }
         banded
             .bands
-            .try_pour(&mut queue.books, now, n)
+            .try_pour(&mut queue.books, banded.now(), n)
             .map_err(Some)?;
         banded.published.publish(&queue.books);
         Ok(())

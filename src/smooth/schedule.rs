@@ -123,13 +123,15 @@ impl Schedule for Smooth {
         if smooth.is_closed() {
             return Err(None);
         }
-        let now = smooth.now();
         // A caller that comes before the next free ticket owes: refused
         // without the lock, with what the locked path would say (the ticket
         // is after `now`, so after the arrival time too, which is never
-        // later). A ticket published a moment ago or about to move back
-        // reads as a refusal just before or after that change.
+        // later). The clock is read after the ticket: read before, it may
+        // predate the grant that published the ticket, and a grant made a
+        // moment ago would read as debt. A ticket about to move back reads
+        // as a refusal just before that change.
         let owed = Duration::from_nanos(smooth.next_free.load(Ordering::Acquire));
+        let now = smooth.now();
         if owed > now {
             return Err(Some(owed.saturating_sub(now)));
         }
@@ -137,6 +139,9 @@ impl Schedule for Smooth {
         if smooth.is_closed() {
             return Err(None);
         }
+        // Under the lock, for the same reason: others may have been granted
+        // while this caller waited for it.
+        let now = smooth.now();
         let books = &mut queue.books;
         let at = books.arrival(now);
         if books
