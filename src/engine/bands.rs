@@ -64,23 +64,26 @@ impl Schedule for Banded {
             return Err(None);
         }
         // Refused on the published states: the answer at the instant they
-        // were read, without the lock. The clock is read after them (and
-        // again under the lock): read before, it may predate a grant they
-        // include, which would then read as a fuller band than it is.
-        if let Some(mut tats) = banded.published.read() {
-            banded
-                .bands
-                .try_pour(&mut tats, banded.now(), n)
-                .map_err(Some)?;
+        // were read, without the lock. The clock is read after them: read
+        // before, it may predate a grant they include, which would then
+        // read as a fuller band than it is.
+        let published = banded.published.read();
+        let now = banded.now();
+        if let Some(mut tats) = published {
+            banded.bands.try_pour(&mut tats, now, n).map_err(Some)?;
         }
         let mut queue = engine.lock();
         if banded.is_closed() {
             return Err(None);
         }
-        banded
-            .bands
-            .try_pour(&mut queue.books, banded.now(), n)
-            .map_err(Some)?;
+        // Others may have been granted while this caller waited for the
+        // lock: a refusal looks again with the clock read now.
+        if banded.bands.try_pour(&mut queue.books, now, n).is_err() {
+            banded
+                .bands
+                .try_pour(&mut queue.books, banded.now(), n)
+                .map_err(Some)?;
+        }
         banded.published.publish(&queue.books);
         Ok(())
     }

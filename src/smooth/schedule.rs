@@ -139,10 +139,14 @@ impl Schedule for Smooth {
         if smooth.is_closed() {
             return Err(None);
         }
-        // Under the lock, for the same reason: others may have been granted
-        // while this caller waited for it.
-        let now = smooth.now();
         let books = &mut queue.books;
+        // Others may have been granted while this caller waited for the
+        // lock: if it now looks owed, look again with the clock read now.
+        let now = if books.state.next_free() > now {
+            smooth.now()
+        } else {
+            now
+        };
         let at = books.arrival(now);
         if books
             .state
