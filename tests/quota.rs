@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use tokio::time::{self, Instant};
-use tokio_ratelimit::keyed::Keyed;
+use tokio_ratelimit::keyed::{Keyed, KeyedFunnel};
 use tokio_ratelimit::{
     AcquireError, Band, ConfigError, Funnel, LeakyBucket, Limiter, Quota, Rate, TokenBucket,
     TryAcquireError,
@@ -459,5 +459,28 @@ proptest! {
             }
             Ok(())
         })?;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_keyed_funnel_peek_answers_what_try_acquire_does() {
+    let per_key: KeyedFunnel<u64> = KeyedFunnel::builder()
+        .rate(Rate::per(3, ms(100)))
+        .capacity(5)
+        .build()
+        .unwrap();
+    // A fixed pseudo-random walk over 3 keys, weights 0..=6, gaps 0..40 ms.
+    let mut x = 0x2545_f491_4f6c_dd1d_u64;
+    for _ in 0..2_000 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        time::advance(ms(x % 40)).await;
+        let (key, n) = ((x >> 8) % 3, u32::try_from((x >> 16) % 7).unwrap());
+        let keys = per_key.len();
+        let looked = per_key.peek(&key, n);
+        assert_eq!(per_key.len(), keys, "a peek added a key");
+        assert_eq!(looked.bands().next().unwrap().available, per_key.free(&key));
+        assert_eq!(looked.answer(), per_key.try_acquire_many(&key, n));
     }
 }

@@ -44,7 +44,7 @@ use super::{KeyedStats, Sweep};
 use crate::algorithm::Params;
 use crate::stats::Counters;
 use crate::sync::AtomicU64;
-use crate::{AcquireError, Rate, TryAcquireError, clock};
+use crate::{AcquireError, Band, BandState, Peek, Rate, TryAcquireError, clock};
 
 mod builder;
 mod word;
@@ -431,6 +431,58 @@ where
     {
         let (tat, now) = self.inner.tat(key);
         self.inner.params.duration_ceil(tat - now)
+    }
+
+    /// What `try_acquire_many(key, n)` would answer now, and the key's
+    /// free units and time until empty, without pouring, counting or adding
+    /// the key: what the `RateLimit` response headers need. A key not held
+    /// reads as a new one (its whole capacity free); a new key that
+    /// `max_keys` would turn away is not foreseen.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokio_ratelimit::{Rate, keyed::KeyedFunnel};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let per_user: KeyedFunnel<u64> =
+    ///     KeyedFunnel::builder().rate(Rate::per_second(2)).capacity(3).build().unwrap();
+    /// per_user.try_acquire_many(&7, 3).unwrap();
+    /// let peek = per_user.peek(&7, 1);
+    /// assert_eq!(peek.retry_after(), Some(Duration::from_millis(500)));
+    /// let band = peek.bands().next().unwrap();
+    /// assert_eq!((band.available, band.full_in), (0, Duration::from_millis(1500)));
+    /// assert!(per_user.peek(&8, 3).is_granted());
+    /// assert_eq!(per_user.len(), 1); // peeking added nothing
+    /// # }
+    /// ```
+    pub fn peek<Q>(&self, key: &Q, n: u32) -> Peek
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let (tat, now) = self.inner.tat(key);
+        let params = &self.inner.params;
+        let answer = if n > params.capacity() {
+            Err(TryAcquireError::InsufficientCapacity)
+        } else if n == 0 {
+            Ok(())
+        } else {
+            params
+                .try_pour(tat, now, n)
+                .map(|_| ())
+                .map_err(|wait| TryAcquireError::Limited {
+                    retry_after: params.duration_ceil(wait),
+                })
+        };
+        let state = BandState {
+            band: Band::new(self.rate(), params.capacity()),
+            available: params.available(tat, now),
+            full_in: params.duration_ceil(tat - now),
+        };
+        Peek::new(answer, &[state])
     }
 
     /// Keys held now (including drained ones not swept yet).
