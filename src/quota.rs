@@ -4,7 +4,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::algorithm::Params;
+use crate::algorithm::{Bands, Params, PerBand};
 use crate::{ConfigError, Rate, TryAcquireError};
 
 /// One limit of a [`Quota`]: up to `capacity` permits at once, refilled at
@@ -195,6 +195,32 @@ impl Peek {
         let mut all = [None; Quota::MAX_BANDS];
         for (slot, band) in all.iter_mut().zip(bands) {
             *slot = Some(*band);
+        }
+        Peek { answer, bands: all }
+    }
+
+    /// `answer`, and the state of each of `quota`'s bands, whose exact
+    /// parameters are `bands` and whose `tat`s are `tats`, at `now_ns`.
+    pub(crate) fn of_bands(
+        answer: Result<(), TryAcquireError>,
+        quota: &Quota,
+        bands: &Bands,
+        tats: &PerBand,
+        now_ns: u128,
+    ) -> Peek {
+        let mut all = [None; Quota::MAX_BANDS];
+        for (((slot, band), p), &tat) in all
+            .iter_mut()
+            .zip(quota.bands())
+            .zip(bands.params())
+            .zip(tats)
+        {
+            let now = p.scale_nanos(now_ns);
+            *slot = Some(BandState {
+                band: *band,
+                available: p.available(tat, now),
+                full_in: p.duration_ceil(tat.saturating_sub(now)),
+            });
         }
         Peek { answer, bands: all }
     }

@@ -1191,6 +1191,36 @@ fn two_band_funnel_tasks() {
     check_stats(what, limiter.stats(), &tally);
 }
 
+/// A `KeyedFunnel` of `quota`'s bands, one key hammered from threads:
+/// two bands share one word per key (one compare-and-swap), three or more
+/// a lock per key.
+fn banded_keyed_funnel_threads(what: &str, quota: Quota) {
+    let rt = runtime();
+    let load = Load::new(THREADS, 4, 1);
+    let map = rt.block_on(async { KeyedFunnel::<u64>::builder().quota(quota).build().unwrap() });
+    let tally = hammer(load, |slot, n| {
+        map.try_key(slot as u64, n).map_err(refusal_try).is_ok()
+    });
+    for bound in two_band_bounds() {
+        check(what, &tally, bound);
+    }
+    check_keyed_stats(what, map.stats(), &tally);
+}
+
+#[test]
+fn two_band_keyed_funnel_threads() {
+    let _serial = serial();
+    banded_keyed_funnel_threads("KeyedFunnel of two bands, threads", two_bands());
+}
+
+#[test]
+fn three_band_keyed_funnel_threads() {
+    let _serial = serial();
+    // A third band that never binds: the key is kept under its own lock.
+    let quota = two_bands().and(Rate::per_second(1_000_000_000), u32::MAX);
+    banded_keyed_funnel_threads("KeyedFunnel of three bands, threads", quota);
+}
+
 // ---- Stale clocks -----------------------------------------------------------
 
 /// A smooth limiter that is never exhausted (10⁹/s: two threads take a

@@ -263,6 +263,40 @@ impl Bands {
     }
 }
 
+/// Several quotas' bands counted in one time unit per band index: band `b`
+/// of every quota in units of the least common multiple of their `den`s.
+/// A keyed map stores one state per key whichever quota the key is held to;
+/// in shared units the state is the same instants under each (when each
+/// band is empty), so a key that changes quota keeps them exactly. Returns
+/// the quotas so rescaled, and the bands that give each index's unit (for
+/// a state with more bands than some quota has); `None` when a common unit
+/// would be finer than 2³² per ns.
+pub(crate) fn in_common_units(quotas: &[Vec<Params>]) -> Option<(Vec<Bands>, Bands)> {
+    let most = quotas.iter().map(Vec::len).max()?;
+    let mut units = Vec::with_capacity(most);
+    for b in 0..most {
+        let mut den = 1;
+        let mut example = None;
+        for p in quotas.iter().filter_map(|q| q.get(b)) {
+            den = super::lcm(den, p.den())?;
+            example = Some(*p);
+        }
+        units.push(example?.in_units_of(den)?);
+    }
+    let rescaled = quotas
+        .iter()
+        .map(|q| {
+            let bands: Option<Vec<Params>> = q
+                .iter()
+                .zip(&units)
+                .map(|(p, unit)| p.in_units_of(unit.den()))
+                .collect();
+            bands.map(|bands| Bands::new(&bands))
+        })
+        .collect::<Option<Vec<Bands>>>()?;
+    Some((rescaled, Bands::new(&units)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -115,6 +115,21 @@ impl Params {
         Params { num, den, capacity }
     }
 
+    /// The same bucket counted in units of `1/den` ns, for a `den` that is a
+    /// multiple of this one's (several quotas of one keyed map share a unit
+    /// per band, so a key's stored instants mean the same under each);
+    /// `None` when the interval in those units would not fit.
+    pub(crate) fn in_units_of(&self, den: u64) -> Option<Params> {
+        if den % self.den != 0 || den > u64::from(u32::MAX) {
+            return None;
+        }
+        Some(Params {
+            num: self.num.checked_mul(den / self.den)?,
+            den,
+            capacity: self.capacity,
+        })
+    }
+
     /// The drain time of `n` units.
     pub(crate) fn cost(&self, n: u32) -> u128 {
         u128::from(self.num) * u128::from(n)
@@ -304,6 +319,11 @@ impl Params {
 #[inline]
 fn add(a: u128, b: u128) -> u128 {
     a.saturating_add(b).min(MAX_TIME)
+}
+
+/// The least common multiple of two positive numbers, if it fits.
+pub(crate) fn lcm(a: u64, b: u64) -> Option<u64> {
+    (a / gcd(a, b)).checked_mul(b)
 }
 
 fn gcd(mut a: u64, mut b: u64) -> u64 {

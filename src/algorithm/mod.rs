@@ -47,8 +47,8 @@ mod smooth;
 
 use std::time::Duration;
 
-pub(crate) use bands::{Bands, MAX_BANDS, PerBand, Placed};
-pub(crate) use gcra::{MAX_TIME, Params, Place, Release, nanos_to_duration};
+pub(crate) use bands::{Bands, MAX_BANDS, PerBand, Placed, in_common_units};
+pub(crate) use gcra::{MAX_TIME, Params, Place, Release, lcm, nanos_to_duration};
 pub use smooth::SmoothState;
 pub(crate) use smooth::{Span, Undo};
 

@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use super::published::Published;
 use super::{Engine, Kind, Reserve, Schedule};
 use crate::algorithm::{Bands, PerBand, Placed, Release};
-use crate::{BandState, ConfigError, Peek, Quota, clock};
+use crate::{ConfigError, Peek, Quota, clock};
 
 /// The schedule over several bands.
 pub(crate) struct Banded {
@@ -218,22 +218,7 @@ impl Engine<Banded> {
         let tats = self.lock().books;
         let now = banded.now();
         let answer = self.answer(n, || banded.bands.try_pour(&mut tats.clone(), now, n));
-        let mut states = Vec::with_capacity(banded.quota.bands().len());
-        for ((band, p), &tat) in banded
-            .quota
-            .bands()
-            .iter()
-            .zip(banded.bands.params())
-            .zip(&tats)
-        {
-            let now = p.scale_nanos(now);
-            states.push(BandState {
-                band: *band,
-                available: p.available(tat, now),
-                full_in: p.duration_ceil(tat.saturating_sub(now)),
-            });
-        }
-        Peek::new(answer, &states)
+        Peek::of_bands(answer, &banded.quota, &banded.bands, &tats, now)
     }
 
     /// Units of water now, rounded up: the most of any band.

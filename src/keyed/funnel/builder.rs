@@ -8,16 +8,18 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
-use super::{Inner, KeyedFunnel, Words, map};
-use crate::algorithm::Params;
+use super::{Inner, KeyedFunnel, Tier, Words, map};
+use crate::algorithm::in_common_units;
 use crate::keyed::{Sweep, spawn_sweeper};
 use crate::stats::Counters;
-use crate::{ConfigError, Rate, clock};
+use crate::{ConfigError, Quota, Rate, clock};
 
 /// Configures a [`KeyedFunnel`]; made by [`KeyedFunnel::builder`].
 pub struct KeyedFunnelBuilder<K, S = RandomState> {
     rate: Option<Rate>,
     capacity: Option<u32>,
+    quota: Option<Quota>,
+    tiers: Vec<Quota>,
     max_keys: usize,
     sweep_interval: Duration,
     background_sweep: bool,
@@ -30,6 +32,8 @@ impl<K, S: fmt::Debug> fmt::Debug for KeyedFunnelBuilder<K, S> {
         f.debug_struct("KeyedFunnelBuilder")
             .field("rate", &self.rate)
             .field("capacity", &self.capacity)
+            .field("quota", &self.quota)
+            .field("tiers", &self.tiers)
             .field("max_keys", &self.max_keys)
             .field("sweep_interval", &self.sweep_interval)
             .field("background_sweep", &self.background_sweep)
@@ -43,6 +47,8 @@ impl<K> Default for KeyedFunnelBuilder<K> {
         KeyedFunnelBuilder {
             rate: None,
             capacity: None,
+            quota: None,
+            tiers: Vec::new(),
             max_keys: usize::MAX,
             sweep_interval: Duration::from_secs(1),
             background_sweep: true,
@@ -67,6 +73,54 @@ where
     /// rate's permits per period.
     pub fn capacity(&mut self, capacity: u32) -> &mut Self {
         self.capacity = Some(capacity);
+        self
+    }
+
+    /// Holds every key to `quota`'s bands (instead of one
+    /// [`rate`](Self::rate) and [`capacity`](Self::capacity)): a request
+    /// is granted only when every band has room, and then poured into all;
+    /// a refused one changes no band. Each key keeps one instant per band:
+    /// two bands take one 128-bit word per key, decided with one
+    /// compare-and-swap; three or four are kept under a small lock per
+    /// key.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tokio_ratelimit::{Quota, Rate, keyed::KeyedFunnel};
+    ///
+    /// // 20 per second with bursts of 40, and 10 000 per day, per key.
+    /// let quota = Quota::new(Rate::per_second(20), 40).and(Rate::per_day(10_000), 10_000);
+    /// let per_key: KeyedFunnel<u64> = KeyedFunnel::builder().quota(quota).build().unwrap();
+    /// assert!(per_key.try_acquire_many(&7, 40).is_ok());
+    /// let peek = per_key.peek(&7, 1);
+    /// let [second, day]: [_; 2] = peek.bands().collect::<Vec<_>>().try_into().unwrap();
+    /// assert_eq!((second.available, day.available), (0, 9_960));
+    /// ```
+    pub fn quota(&mut self, quota: Quota) -> &mut Self {
+        self.quota = Some(quota);
+        self
+    }
+
+    /// Declares another quota keys may be held to, with
+    /// [`try_acquire_with`](KeyedFunnel::try_acquire_with) and the other
+    /// `_with` calls: tiers (free and paid keys) in one map. Every tier
+    /// counts time in the same units, so a key's state — one instant per
+    /// band, whichever tier it is used under — costs no more with many
+    /// tiers than with one.
+    ///
+    /// **Changing a key's tier** takes effect at its next request, which
+    /// finds the key's bands as they are: each band's instant (when it is
+    /// empty again) carries over, exactly, to the band of the same index in
+    /// the new quota. The time until each band is empty is kept, so for
+    /// tiers whose bands have the same window (capacity ÷ rate, such as 20/s
+    /// burst 20 and 200/s burst 200) a key keeps the *fraction* of each
+    /// band it had used (Bucket4j's `PROPORTIONALLY`); a band of a longer
+    /// window starts that much water fuller. Bands beyond the new quota's
+    /// count are left as they are (and drain); bands beyond the old one's
+    /// start empty.
+    pub fn tier(&mut self, quota: Quota) -> &mut Self {
+        self.tiers.push(quota);
         self
     }
 
@@ -102,6 +156,8 @@ where
         KeyedFunnelBuilder {
             rate: self.rate,
             capacity: self.capacity,
+            quota: self.quota,
+            tiers: self.tiers.clone(),
             max_keys: self.max_keys,
             sweep_interval: self.sweep_interval,
             background_sweep: self.background_sweep,
@@ -120,8 +176,7 @@ where
     /// [`ConfigError::ZeroCapacity`]; [`ConfigError::InvalidParameter`] for
     /// a zero `max_keys` or `sweep_interval`.
     pub fn build(&self) -> Result<KeyedFunnel<K, S>, ConfigError> {
-        let rate = self.rate.ok_or(ConfigError::MissingRate)?;
-        let params = Params::new(rate, self.capacity.unwrap_or(rate.permits()))?;
+        let default = Quota::configured(self.rate, self.capacity, self.quota)?;
         if self.max_keys == 0 {
             return Err(ConfigError::InvalidParameter {
                 name: "max_keys",
@@ -134,23 +189,57 @@ where
                 reason: "must be positive",
             });
         }
+        let mut quotas = vec![default];
+        for tier in &self.tiers {
+            if !quotas.contains(tier) {
+                quotas.push(*tier);
+            }
+        }
+        let params = quotas
+            .iter()
+            .map(Quota::params)
+            .collect::<Result<Vec<_>, _>>()?;
+        let (bands, units) = in_common_units(&params).ok_or(ConfigError::InvalidParameter {
+            name: "tier",
+            reason: "the tiers' rates share no exact time unit the map can count in \
+                     (it would be finer than 2^-32 ns, or an interval in it above 2^64 units)",
+        })?;
+        let mut tiers = quotas
+            .into_iter()
+            .zip(bands)
+            .map(|(quota, bands)| Tier { quota, bands })
+            .collect::<Vec<_>>();
+        // The map's own quota is the first.
+        let others: Box<[Tier]> = tiers.split_off(1).into();
+        let Some(default) = tiers.pop() else {
+            unreachable!("the map's own quota is always there")
+        };
         // Amortized sweeps of one shard at most this often.
         let gap = self.sweep_interval / 8;
         let origin = clock::Origin::now();
-        let narrow = params.tau() <= 1 << 56 && params.den() <= 1 << 20;
+        // 64 bits per band (read relative to the shard's epoch) while every
+        // band of every tier fits; see the module docs.
+        let narrow = units.params().iter().all(|u| u.den() <= 1 << 20)
+            && std::iter::once(&default)
+                .chain(&*others)
+                .flat_map(|t| t.bands.params())
+                .all(|p| p.tau() <= 1 << 56);
         let hasher = self.hasher.clone();
-        let words = if narrow {
-            Words::Narrow(map(&params, hasher, self.max_keys, gap, origin))
-        } else {
-            Words::Wide(map(&params, hasher, self.max_keys, gap, origin))
+        let (max_keys, u) = (self.max_keys, &units);
+        let words = match (units.params().len(), narrow) {
+            (1, true) => Words::Narrow(map(u, hasher, max_keys, gap, origin)),
+            (1, false) => Words::Wide(map(u, hasher, max_keys, gap, origin)),
+            (2, true) => Words::Pair(map(u, hasher, max_keys, gap, origin)),
+            _ => Words::Locked(map(u, hasher, max_keys, gap, origin)),
         };
         let runtime = tokio::runtime::Handle::try_current()
             .ok()
             .filter(|_| self.background_sweep);
         let notify = runtime.as_ref().map(|_| Arc::new(Notify::new()));
         let inner = Arc::new(Inner {
-            params,
-            rate,
+            default,
+            others,
+            units,
             origin,
             words,
             sweeper: notify.clone(),

@@ -36,21 +36,22 @@ use std::hash::{BuildHasher, Hash};
 use std::sync::Arc;
 use std::time::Duration;
 
-use portable_atomic::AtomicU128;
 use tokio::sync::Notify;
 
 use super::map::{ShardMap, Unavailable};
 use super::{KeyedStats, Sweep};
-use crate::algorithm::Params;
+use crate::algorithm::{Bands, PerBand};
 use crate::stats::Counters;
-use crate::sync::AtomicU64;
-use crate::{AcquireError, Band, BandState, Peek, Rate, TryAcquireError, clock};
+use crate::sync::{AtomicU64, AtomicU128};
+use crate::{AcquireError, Peek, Quota, Rate, TryAcquireError, clock};
 
 mod builder;
 mod word;
 
 pub use builder::KeyedFunnelBuilder;
-use word::{Poured, Word, decide, is_drained, map};
+use word::{Locked, Pair, Poured, Stored, map};
+#[cfg(test)]
+use word::{Word, decide, is_drained};
 
 /// The funnel per key: one leaky-bucket meter for each user, IP address or
 /// API key, millions of them, with no task per key.
@@ -102,8 +103,12 @@ impl<K, S> Clone for KeyedFunnel<K, S> {
 }
 
 struct Inner<K, S> {
-    params: Params,
-    rate: Rate,
+    /// The quota of the calls that name none.
+    default: Tier,
+    /// The other quotas keys may be held to ([`KeyedFunnelBuilder::tier`]).
+    others: Box<[Tier]>,
+    /// The unit of each stored band, shared by every tier.
+    units: Bands,
     origin: clock::Origin,
     words: Words<K, S>,
     /// Wakes the sweeper when the map stops being empty, and when this is
@@ -112,18 +117,29 @@ struct Inner<K, S> {
     counters: Counters,
 }
 
+/// A quota keys may be held to, and its bands in the map's units.
+#[derive(Debug)]
+struct Tier {
+    quota: Quota,
+    bands: Bands,
+}
+
 enum Words<K, S> {
     Narrow(ShardMap<K, AtomicU64, S>),
     Wide(ShardMap<K, AtomicU128, S>),
+    Pair(ShardMap<K, Pair, S>),
+    Locked(ShardMap<K, Locked, S>),
 }
 
-/// `$body` with `$map` bound to the map of words, whichever width they
-/// have: the body is written once and compiled for each [`Word`] type.
+/// `$body` with `$map` bound to the map of words, whichever kind they are:
+/// the body is written once and compiled for each [`Stored`] type.
 macro_rules! with_map {
     ($words:expr, $map:ident => $body:expr) => {
         match $words {
             Words::Narrow($map) => $body,
             Words::Wide($map) => $body,
+            Words::Pair($map) => $body,
+            Words::Locked($map) => $body,
         }
     };
 }
@@ -137,19 +153,35 @@ where
         self.origin.elapsed_nanos()
     }
 
-    fn scaled(&self, nanos: u64) -> u128 {
-        self.params.scale_nanos(u128::from(nanos))
+    /// The tier of `quota`.
+    ///
+    /// # Panics
+    ///
+    /// When the map was not built with it.
+    fn tier(&self, quota: &Quota) -> &Tier {
+        if self.default.quota == *quota {
+            return &self.default;
+        }
+        self.others
+            .iter()
+            .find(|t| t.quota == *quota)
+            .unwrap_or_else(|| {
+                panic!(
+                    "KeyedFunnel: quota {quota:?} is not one of the map's; \
+                     declare it with KeyedFunnelBuilder::tier"
+                )
+            })
     }
 
-    /// Pours `n` units into `key`'s funnel if they fit now, and counts the
-    /// answer.
-    fn try_acquire<Q>(&self, key: &Q, n: u32) -> Result<(), TryAcquireError>
+    /// Pours `n` units into `key`'s funnel under `tier` if they fit now,
+    /// and counts the answer.
+    fn try_acquire<Q>(&self, key: &Q, tier: &Tier, n: u32) -> Result<(), TryAcquireError>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned + ?Sized,
         Q::Owned: Into<K>,
     {
-        match self.pour_key(key, n) {
+        match self.pour_key(key, tier, n) {
             Poured::Granted => {
                 self.counters.granted(n);
                 Ok(())
@@ -162,31 +194,31 @@ where
         }
     }
 
-    /// Pours `n` units into `key`'s funnel if they fit now, counting
-    /// nothing.
-    fn pour_key<Q>(&self, key: &Q, n: u32) -> Poured
+    /// Pours `n` units into `key`'s funnel under `tier` if they fit now,
+    /// counting nothing.
+    fn pour_key<Q>(&self, key: &Q, tier: &Tier, n: u32) -> Poured
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned + ?Sized,
         Q::Owned: Into<K>,
     {
-        if n > self.params.capacity() {
+        if n > tier.bands.capacity() {
             return Poured::Limited(TryAcquireError::InsufficientCapacity);
         }
         if n == 0 {
             return Poured::Granted;
         }
         let now_nanos = self.now_nanos();
-        let now = self.scaled(now_nanos);
-        let params = &self.params;
-        // An existing key: a read lock and one compare-and-swap.
+        let quota = &tier.bands;
+        // An existing key: a read lock and one compare-and-swap (or, for
+        // three bands or more, the key's own lock).
         let known = with_map!(&self.words, map => map.update(key, now_nanos, |w, epoch| {
-            decide(params, w, self.scaled(epoch), now, n)
+            w.decide(quota, epoch, now_nanos, n)
         }));
         if let Some(result) = known {
             return Poured::from(result);
         }
-        let outcome = with_map!(&self.words, map => self.pour(map, key, now_nanos, n));
+        let outcome = with_map!(&self.words, map => self.pour(map, key, quota, now_nanos, n));
         match outcome {
             Ok((result, first)) => {
                 if first {
@@ -202,10 +234,11 @@ where
         }
     }
 
-    fn pour<Q, W: Word>(
+    fn pour<Q, W: Stored>(
         &self,
         map: &ShardMap<K, W, S>,
         key: &Q,
+        quota: &Bands,
         now_nanos: u64,
         n: u32,
     ) -> Result<(Result<(), TryAcquireError>, bool), Unavailable>
@@ -214,29 +247,56 @@ where
         Q: Hash + Eq + ToOwned + ?Sized,
         Q::Owned: Into<K>,
     {
-        let now = self.scaled(now_nanos);
+        let units = &self.units;
         map.get_or_insert(
             key,
             || now_nanos,
-            || Some(W::new(now)),
-            |w, epoch| is_drained(w, self.scaled(epoch), now),
+            || Some(W::fresh(units, now_nanos)),
+            |w, epoch| w.is_drained(units, epoch, now_nanos),
             false,
-            |w, epoch| decide(&self.params, w, self.scaled(epoch), now, n),
+            |w, epoch| w.decide(quota, epoch, now_nanos, n),
         )
     }
 
-    /// `key`'s `tat` now (`now` itself for a key not held or drained: an
-    /// empty funnel), and `now`.
-    fn tat<Q>(&self, key: &Q) -> (u128, u128)
+    /// `key`'s bands now (each empty, at `now`, for a key not held or
+    /// drained), and `now` in ns.
+    fn tats<Q>(&self, key: &Q) -> (PerBand, u128)
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let now = self.scaled(self.now_nanos());
-        let tat = with_map!(&self.words, map => {
-            map.get(key, |w, epoch| w.read(self.scaled(epoch)).1)
-        });
-        (tat.unwrap_or(now).max(now), now)
+        let now_ns = u128::from(self.now_nanos());
+        let now = self.units.scaled(now_ns);
+        let mut tats = with_map!(&self.words, map => {
+            map.get(key, |w, epoch| w.tats(&self.units, epoch))
+        })
+        .unwrap_or(now);
+        for (tat, now) in tats.iter_mut().zip(now) {
+            *tat = (*tat).max(now);
+        }
+        (tats, now_ns)
+    }
+
+    /// What `try_acquire_many(key, n)` under `tier` would answer now, and
+    /// the state of each band.
+    fn peek<Q>(&self, key: &Q, tier: &Tier, n: u32) -> Peek
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let (tats, now_ns) = self.tats(key);
+        let quota = &tier.bands;
+        let answer = if n > quota.capacity() {
+            Err(TryAcquireError::InsufficientCapacity)
+        } else if n == 0 {
+            Ok(())
+        } else {
+            let mut trial = tats;
+            quota
+                .try_pour(&mut trial, now_ns, n)
+                .map_err(|retry_after| TryAcquireError::Limited { retry_after })
+        };
+        Peek::of_bands(answer, &tier.quota, quota, &tats, now_ns)
     }
 
     fn wake_sweeper(&self) {
@@ -259,9 +319,9 @@ where
 {
     fn sweep(&self) -> usize {
         let now_nanos = self.now_nanos();
-        let now = self.scaled(now_nanos);
+        let units = &self.units;
         with_map!(&self.words, map => {
-            map.sweep_all(now_nanos, |w, epoch| is_drained(w, self.scaled(epoch), now))
+            map.sweep_all(now_nanos, |w, epoch| w.is_drained(units, epoch, now_nanos))
         })
     }
 }
@@ -300,7 +360,7 @@ where
         Q: Hash + Eq + ToOwned + ?Sized,
         Q::Owned: Into<K>,
     {
-        self.inner.try_acquire(key, 1)
+        self.inner.try_acquire(key, &self.inner.default, 1)
     }
 
     /// Pours `n` units into `key`'s funnel if they fit now: lock-free on the
@@ -318,7 +378,7 @@ where
         Q: Hash + Eq + ToOwned + ?Sized,
         Q::Owned: Into<K>,
     {
-        self.inner.try_acquire(key, n)
+        self.inner.try_acquire(key, &self.inner.default, n)
     }
 
     /// Waits until one unit fits in `key`'s funnel, then pours it.
@@ -362,9 +422,89 @@ where
         Q: Hash + Eq + ToOwned + Sync + ?Sized,
         Q::Owned: Into<K>,
     {
+        self.wait(key, &self.inner.default, n).await
+    }
+
+    /// Pours `n` units into `key`'s funnel under `quota` — one of the
+    /// map's tiers — if they fit now: what
+    /// [`try_acquire_many`](Self::try_acquire_many) does under the map's
+    /// own quota. Free and paid keys so share one map; a key's state does
+    /// not depend on its tier (see [`KeyedFunnelBuilder::tier`] for what a
+    /// change of tier keeps).
+    ///
+    /// # Errors
+    ///
+    /// As [`try_acquire_many`](Self::try_acquire_many), with `quota`'s
+    /// bands: `InsufficientCapacity` when `n` exceeds its smallest
+    /// capacity.
+    ///
+    /// # Panics
+    ///
+    /// When `quota` is neither the map's quota nor one of its tiers: a
+    /// tier must be declared when the map is built, so that every tier
+    /// counts time in the same units.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tokio_ratelimit::{Quota, Rate, TryAcquireError, keyed::KeyedFunnel};
+    ///
+    /// let free = Quota::new(Rate::per_second(2), 2).and(Rate::per_day(100), 100);
+    /// let paid = Quota::new(Rate::per_second(20), 20).and(Rate::per_day(1000), 1000);
+    /// let limits: KeyedFunnel<String> =
+    ///     KeyedFunnel::builder().quota(free).tier(paid).build().unwrap();
+    /// for _ in 0..2 {
+    ///     limits.try_acquire_with("free-user", &free, 1).unwrap();
+    /// }
+    /// assert!(matches!(
+    ///     limits.try_acquire_with("free-user", &free, 1),
+    ///     Err(TryAcquireError::Limited { .. })
+    /// ));
+    /// // A paid key in the same map gets its own, larger quota.
+    /// assert!(limits.try_acquire_with("paid-user", &paid, 20).is_ok());
+    /// ```
+    pub fn try_acquire_with<Q>(&self, key: &Q, quota: &Quota, n: u32) -> Result<(), TryAcquireError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned + ?Sized,
+        Q::Owned: Into<K>,
+    {
+        self.inner.try_acquire(key, self.inner.tier(quota), n)
+    }
+
+    /// Waits until `n` units fit in `key`'s funnel under `quota`, one of
+    /// the map's tiers, then pours them; as
+    /// [`acquire_many`](Self::acquire_many) under the map's own quota.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_many`](Self::acquire_many), with `quota`'s bands.
+    ///
+    /// # Panics
+    ///
+    /// As [`try_acquire_with`](Self::try_acquire_with).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire_many`](Self::acquire_many).
+    pub async fn acquire_with<Q>(&self, key: &Q, quota: &Quota, n: u32) -> Result<(), AcquireError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned + Sync + ?Sized,
+        Q::Owned: Into<K>,
+    {
+        self.wait(key, self.inner.tier(quota), n).await
+    }
+
+    async fn wait<Q>(&self, key: &Q, tier: &Tier, n: u32) -> Result<(), AcquireError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned + Sync + ?Sized,
+        Q::Owned: Into<K>,
+    {
         // The tries on the way are not refusals: only the answer is counted.
         loop {
-            match self.inner.pour_key(key, n) {
+            match self.inner.pour_key(key, tier, n) {
                 Poured::Granted => {
                     self.inner.counters.granted(n);
                     return Ok(());
@@ -413,8 +553,8 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let (tat, now) = self.inner.tat(key);
-        self.inner.params.available(tat, now)
+        let (tats, now) = self.inner.tats(key);
+        self.inner.default.bands.available(&tats, now)
     }
 
     /// How long until `key`'s funnel is empty (its whole capacity free
@@ -429,8 +569,15 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let (tat, now) = self.inner.tat(key);
-        self.inner.params.duration_ceil(tat - now)
+        let (tats, now) = self.inner.tats(key);
+        let bands = &self.inner.default.bands;
+        bands
+            .params()
+            .iter()
+            .zip(tats)
+            .map(|(p, tat)| p.duration_ceil(tat - p.scale_nanos(now)))
+            .max()
+            .unwrap_or_default()
     }
 
     /// What `try_acquire_many(key, n)` would answer now, and the key's
@@ -463,26 +610,22 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let (tat, now) = self.inner.tat(key);
-        let params = &self.inner.params;
-        let answer = if n > params.capacity() {
-            Err(TryAcquireError::InsufficientCapacity)
-        } else if n == 0 {
-            Ok(())
-        } else {
-            params
-                .try_pour(tat, now, n)
-                .map(|_| ())
-                .map_err(|wait| TryAcquireError::Limited {
-                    retry_after: params.duration_ceil(wait),
-                })
-        };
-        let state = BandState {
-            band: Band::new(self.rate(), params.capacity()),
-            available: params.available(tat, now),
-            full_in: params.duration_ceil(tat - now),
-        };
-        Peek::new(answer, &[state])
+        self.inner.peek(key, &self.inner.default, n)
+    }
+
+    /// What `try_acquire_with(key, quota, n)` would answer now, and the
+    /// state of each of `quota`'s bands for `key`; as
+    /// [`peek`](Self::peek).
+    ///
+    /// # Panics
+    ///
+    /// As [`try_acquire_with`](Self::try_acquire_with).
+    pub fn peek_with<Q>(&self, key: &Q, quota: &Quota, n: u32) -> Peek
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.inner.peek(key, self.inner.tier(quota), n)
     }
 
     /// Keys held now (including drained ones not swept yet).
@@ -507,14 +650,20 @@ where
         self.inner.sweep()
     }
 
-    /// The leak rate of every key's funnel.
-    pub fn rate(&self) -> Rate {
-        self.inner.rate
+    /// The map's quota: the one the calls that name none hold keys to.
+    pub fn quota(&self) -> Quota {
+        self.inner.default.quota
     }
 
-    /// The capacity of every key's funnel.
+    /// The leak rate of the map's quota (of its first band).
+    pub fn rate(&self) -> Rate {
+        self.quota().bands()[0].rate()
+    }
+
+    /// The most units one request may take under the map's quota: its
+    /// smallest capacity.
     pub fn capacity(&self) -> u32 {
-        self.inner.params.capacity()
+        self.inner.default.bands.capacity()
     }
 }
 
@@ -522,8 +671,8 @@ impl<K, S> fmt::Debug for KeyedFunnel<K, S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let stats = with_map!(&self.inner.words, map => map.stats());
         f.debug_struct("KeyedFunnel")
-            .field("rate", &self.inner.rate)
-            .field("capacity", &self.inner.params.capacity())
+            .field("quota", &self.inner.default.quota)
+            .field("tiers", &self.inner.others.len())
             .field("stats", &stats)
             .finish()
     }
@@ -532,6 +681,7 @@ impl<K, S> fmt::Debug for KeyedFunnel<K, S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::algorithm::Params;
 
     #[test]
     fn the_narrow_word_reads_relative_to_its_epoch() {

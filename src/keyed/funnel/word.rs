@@ -1,14 +1,19 @@
-//! One key's word: the stored `tat` (64 bits read relative to the shard's
-//! epoch, or 128 bits absolute), and the decision on it.
+//! One key's word: the stored `tat` of each band (64 bits read relative to
+//! the shard's epoch, or 128 bits absolute), and the decision on it.
+//!
+//! One band is one word ([`Word`]: `AtomicU64`, or `AtomicU128` for fine
+//! scales). Two bands of the 64-bit kind share one 128-bit word ([`Pair`]),
+//! decided with one compare-and-swap, so no thread ever sees one band
+//! debited without the other. Three or four bands, or two fine ones, are
+//! kept under a small lock of their own ([`Locked`]).
 
 use std::hash::{BuildHasher, Hash};
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use portable_atomic::AtomicU128;
-
-use crate::algorithm::Params;
+use crate::algorithm::{Bands, MAX_BANDS, Params, PerBand};
 use crate::keyed::map::ShardMap;
-use crate::sync::{AtomicU64, Ordering};
+use crate::sync::{AtomicU64, AtomicU128, Ordering};
 use crate::{TryAcquireError, clock};
 
 /// A stored `tat`, and how to read and swap it.
@@ -36,16 +41,7 @@ impl Word for AtomicU64 {
     #[inline]
     fn read(&self, epoch: u128) -> (u128, u128) {
         let raw = self.load(Ordering::Acquire);
-        #[expect(
-            clippy::cast_possible_truncation,
-            clippy::cast_possible_wrap,
-            reason = "the signed distance from the epoch, modulo 2⁶⁴"
-        )]
-        let ahead = raw.wrapping_sub(epoch as u64) as i64;
-        (
-            u128::from(raw),
-            epoch.saturating_add_signed(i128::from(ahead)),
-        )
+        (u128::from(raw), narrow_read(raw, epoch))
     }
 
     #[inline]
@@ -79,9 +75,196 @@ impl Word for AtomicU128 {
     }
 }
 
-/// The map of `W` words for `params`: its horizon in ns.
-pub(super) fn map<K, W: Word, S>(
-    params: &Params,
+/// A key's whole state, whatever it is stored in, and the decisions on it.
+/// Times are in ns since the map's origin; `units` gives each stored
+/// band's scale (see [`in_common_units`](crate::algorithm::in_common_units)).
+pub(super) trait Stored: Send + Sync + 'static {
+    /// The horizon of the map (see the module docs), in scaled units.
+    const HORIZON: u128;
+    /// Bands held.
+    const BANDS: usize;
+    /// A key whose every band is empty at `now_ns`.
+    fn fresh(units: &Bands, now_ns: u64) -> Self;
+    /// Pours `n` units into every band of `quota` at `now_ns` if all have
+    /// room, else changes nothing; in a shard whose epoch is `epoch_ns`.
+    /// The caller has checked `1 <= n <= quota.capacity()`.
+    fn decide(
+        &self,
+        quota: &Bands,
+        epoch_ns: u64,
+        now_ns: u64,
+        n: u32,
+    ) -> Result<(), TryAcquireError>;
+    /// Each band's `tat`.
+    fn tats(&self, units: &Bands, epoch_ns: u64) -> PerBand;
+    /// Whether every band is empty at `now_ns`.
+    fn is_drained(&self, units: &Bands, epoch_ns: u64, now_ns: u64) -> bool {
+        let tats = self.tats(units, epoch_ns);
+        let now = units.scaled(u128::from(now_ns));
+        (0..Self::BANDS).all(|b| tats[b] <= now[b])
+    }
+}
+
+impl<W: Word> Stored for W {
+    const HORIZON: u128 = W::HORIZON;
+    const BANDS: usize = 1;
+
+    fn fresh(units: &Bands, now_ns: u64) -> Self {
+        W::new(units.params()[0].scale_nanos(u128::from(now_ns)))
+    }
+
+    #[inline]
+    fn decide(
+        &self,
+        quota: &Bands,
+        epoch_ns: u64,
+        now_ns: u64,
+        n: u32,
+    ) -> Result<(), TryAcquireError> {
+        let p = &quota.params()[0];
+        let (epoch, now) = (
+            p.scale_nanos(u128::from(epoch_ns)),
+            p.scale_nanos(u128::from(now_ns)),
+        );
+        decide(p, self, epoch, now, n)
+    }
+
+    fn tats(&self, units: &Bands, epoch_ns: u64) -> PerBand {
+        let mut tats = [0; MAX_BANDS];
+        tats[0] = self
+            .read(units.params()[0].scale_nanos(u128::from(epoch_ns)))
+            .1;
+        tats
+    }
+
+    fn is_drained(&self, units: &Bands, epoch_ns: u64, now_ns: u64) -> bool {
+        let p = &units.params()[0];
+        is_drained(
+            self,
+            p.scale_nanos(u128::from(epoch_ns)),
+            p.scale_nanos(u128::from(now_ns)),
+        )
+    }
+}
+
+/// Two bands in one 128-bit word: band 0's `tat` in the low 64 bits and
+/// band 1's in the high, each read relative to the epoch as a narrow
+/// [`Word`] is.
+pub(super) struct Pair(AtomicU128);
+
+impl Pair {
+    fn decode(raw: u128, epochs: &PerBand) -> PerBand {
+        let mut tats = [0; MAX_BANDS];
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "the two 64-bit halves of the word"
+        )]
+        for (b, half) in [raw as u64, (raw >> 64) as u64].into_iter().enumerate() {
+            tats[b] = narrow_read(half, epochs[b]);
+        }
+        tats
+    }
+
+    fn encode(tats: &PerBand) -> u128 {
+        // The low 64 bits of each (read relative to an epoch).
+        (tats[0] & u128::from(u64::MAX)) | (tats[1] << 64)
+    }
+}
+
+impl Stored for Pair {
+    const HORIZON: u128 = <AtomicU64 as Word>::HORIZON;
+    const BANDS: usize = 2;
+
+    fn fresh(units: &Bands, now_ns: u64) -> Self {
+        Pair(AtomicU128::new(Pair::encode(
+            &units.scaled(u128::from(now_ns)),
+        )))
+    }
+
+    #[inline]
+    fn decide(
+        &self,
+        quota: &Bands,
+        epoch_ns: u64,
+        now_ns: u64,
+        n: u32,
+    ) -> Result<(), TryAcquireError> {
+        // A quota of one band leaves band 1 alone: decoded against any
+        // epoch, its half encodes back to the same 64 bits.
+        let epochs = quota.scaled(u128::from(epoch_ns));
+        loop {
+            let raw = self.0.load(Ordering::Acquire);
+            let mut tats = Pair::decode(raw, &epochs);
+            quota
+                .try_pour(&mut tats, u128::from(now_ns), n)
+                .map_err(|retry_after| TryAcquireError::Limited { retry_after })?;
+            let new = Pair::encode(&tats);
+            if self
+                .0
+                .compare_exchange_weak(raw, new, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                return Ok(());
+            }
+        }
+    }
+
+    fn tats(&self, units: &Bands, epoch_ns: u64) -> PerBand {
+        Pair::decode(
+            self.0.load(Ordering::Acquire),
+            &units.scaled(u128::from(epoch_ns)),
+        )
+    }
+}
+
+/// Three or four bands (or two whose scale is too fine for 64 bits), kept
+/// absolute under a lock held only for the arithmetic.
+pub(super) struct Locked(Mutex<PerBand>);
+
+impl Locked {
+    fn lock(&self) -> std::sync::MutexGuard<'_, PerBand> {
+        // The arithmetic under the lock cannot panic; a poisoned lock still
+        // holds a consistent state.
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Stored for Locked {
+    const HORIZON: u128 = u128::MAX;
+    const BANDS: usize = MAX_BANDS;
+
+    fn fresh(units: &Bands, now_ns: u64) -> Self {
+        Locked(Mutex::new(units.scaled(u128::from(now_ns))))
+    }
+
+    fn decide(&self, quota: &Bands, _: u64, now_ns: u64, n: u32) -> Result<(), TryAcquireError> {
+        quota
+            .try_pour(&mut self.lock(), u128::from(now_ns), n)
+            .map_err(|retry_after| TryAcquireError::Limited { retry_after })
+    }
+
+    fn tats(&self, _: &Bands, _: u64) -> PerBand {
+        *self.lock()
+    }
+}
+
+/// A narrow word's `tat`: `raw`, the low 64 bits of an instant within 2⁶³
+/// units of `epoch`.
+#[inline]
+fn narrow_read(raw: u64, epoch: u128) -> u128 {
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_possible_wrap,
+        reason = "the signed distance from the epoch, modulo 2⁶⁴"
+    )]
+    let ahead = raw.wrapping_sub(epoch as u64) as i64;
+    epoch.saturating_add_signed(i128::from(ahead))
+}
+
+/// The map of `W` states for bands in `units`: its horizon in ns, the
+/// nearest of any band's.
+pub(super) fn map<K, W: Stored, S>(
+    units: &Bands,
     hasher: S,
     max_keys: usize,
     sweep_gap: Duration,
@@ -91,7 +274,8 @@ where
     K: Hash + Eq,
     S: BuildHasher,
 {
-    let horizon = u64::try_from(W::HORIZON / u128::from(params.den())).unwrap_or(u64::MAX);
+    let den = units.params().iter().map(Params::den).max().unwrap_or(1);
+    let horizon = u64::try_from(W::HORIZON / u128::from(den)).unwrap_or(u64::MAX);
     ShardMap::new(hasher, max_keys, sweep_gap, origin, horizon)
 }
 
