@@ -6,6 +6,7 @@ use loom::sync::Arc;
 use loom::thread;
 
 use super::*;
+use crate::algorithm::Params;
 use crate::sync::{AtomicU64 as Clock, Ordering};
 
 /// 1 unit per 10 ns (in scaled units, den 1), capacity 2: τ = 20.
@@ -99,5 +100,60 @@ fn loom_keyed_pours_are_serializable() {
         // Two units into a bucket holding one at time ≥ 1: the first
         // pour always fits.
         assert!(grants.iter().any(|g| g.1 == 1), "{grants:?}");
+    });
+}
+
+/// Two bands in one [`Pair`] word: 1 unit per 10 ns with a burst of 2, and
+/// 1 per 40 ns with a burst of 3.
+fn two_bands() -> Bands {
+    Bands::new(&[
+        params(),
+        Params::new(Rate::every(Duration::from_nanos(40)), 3).unwrap(),
+    ])
+}
+
+#[test]
+fn loom_two_bands_in_one_word_are_one_decision() {
+    // Thread one pours 2, thread two 2 then (on its own) 1: the first band
+    // refuses one of the first two pours and the second band the pour of
+    // 1 if both twos went in. Every execution must be a serial one of the
+    // three pours at the `now`s they read: no band debited by a refusal,
+    // none over-admitted.
+    loom::model(|| {
+        let bands = two_bands();
+        let epoch_ns = 0u64;
+        let word = Arc::new(<Pair as Stored>::fresh(&bands, 0));
+        let clock = Arc::new(Clock::new(0));
+        let pour = move |word: &Pair, clock: &Clock, n: u32| {
+            let now = clock.fetch_add(1, Ordering::Relaxed) + 1;
+            (now, word.decide(&bands, epoch_ns, now, n).is_ok())
+        };
+        let other = {
+            let (word, clock) = (Arc::clone(&word), Arc::clone(&clock));
+            thread::spawn(move || pour(&word, &clock, 2))
+        };
+        let second = pour(&word, &clock, 2);
+        let third = pour(&word, &clock, 1);
+        let first = other.join().unwrap();
+        let tats = word.tats(&bands, epoch_ns);
+        let asked = [(first.0, 2), (second.0, 2), (third.0, 1)];
+        let serial = |order: [usize; 3]| {
+            let mut state = bands.start(0, 0);
+            let mut granted = [false; 3];
+            for i in order {
+                let (now, n) = asked[i];
+                granted[i] = bands.try_pour(&mut state, u128::from(now), n).is_ok();
+            }
+            (granted, state[..2].to_vec())
+        };
+        let actual = ([first.1, second.1, third.1], tats[..2].to_vec());
+        // Thread two's pours are in its program order; thread one's goes
+        // before, between or after them.
+        assert!(
+            [[0, 1, 2], [1, 0, 2], [1, 2, 0]]
+                .into_iter()
+                .any(|order| serial(order) == actual),
+            "{actual:?} is no serial order of {asked:?}"
+        );
     });
 }
