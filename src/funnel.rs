@@ -355,4 +355,4 @@ impl fmt::Debug for Funnel {
     }
 }
 
-impl_limiter!(Funnel);
+impl_limiter!(Funnel, peek);

@@ -370,4 +370,4 @@ impl fmt::Debug for LeakyBucket {
     }
 }
 
-impl_limiter!(LeakyBucket);
+impl_limiter!(LeakyBucket, peek);

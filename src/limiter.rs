@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::{AcquireError, Reservation, Stats, TryAcquireError};
+use crate::{AcquireError, Peek, Reservation, Stats, TryAcquireError};
 
 /// A rate limiter, whatever its algorithm.
 ///
@@ -116,6 +116,16 @@ pub trait Limiter: Send + Sync {
         Ok(Reservation::spent())
     }
 
+    /// What [`try_acquire_many(n)`](Self::try_acquire_many) would answer
+    /// now, and the state of each band (permits available, time until
+    /// full), without taking anything: what the `RateLimit` response
+    /// headers need. `None` from limiters that cannot tell without taking
+    /// (the default, and the smooth limiters, which have no bands).
+    fn peek(&self, n: u32) -> Option<Peek> {
+        let _ = n;
+        None
+    }
+
     /// Counters (permits granted, requests refused) and the state now
     /// (callers waiting, permits available). The default reports zeros.
     fn stats(&self) -> Stats {
@@ -157,6 +167,9 @@ macro_rules! forward_limiter {
             async fn reserve(&self, n: u32) -> Result<Reservation, AcquireError> {
                 (**self).reserve(n).await
             }
+            fn peek(&self, n: u32) -> Option<Peek> {
+                (**self).peek(n)
+            }
             fn stats(&self) -> Stats {
                 (**self).stats()
             }
@@ -193,9 +206,19 @@ impl<L: ?Sized> Unshared for &L {
 forward_limiter!(Arc<L>, Box<L>, &L);
 
 /// Implements [`Limiter`] for a handle by forwarding to its inherent
-/// methods of the same names.
+/// methods of the same names (`peek` too, when asked).
 macro_rules! impl_limiter {
+    ($ty:ty, peek) => {
+        $crate::limiter::impl_limiter!($ty, {
+            fn peek(&self, n: u32) -> Option<$crate::Peek> {
+                Some(<$ty>::peek(self, n))
+            }
+        });
+    };
     ($ty:ty) => {
+        $crate::limiter::impl_limiter!($ty, {});
+    };
+    ($ty:ty, { $($extra:item)* }) => {
         #[async_trait::async_trait]
         impl $crate::Limiter for $ty {
             async fn acquire(&self) -> Result<(), $crate::AcquireError> {
@@ -226,6 +249,7 @@ macro_rules! impl_limiter {
             fn is_fresh(&self) -> bool {
                 <$ty>::is_fresh(self)
             }
+            $($extra)*
         }
     };
 }

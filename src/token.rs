@@ -443,4 +443,4 @@ impl fmt::Debug for TokenBucket {
     }
 }
 
-impl_limiter!(TokenBucket);
+impl_limiter!(TokenBucket, peek);

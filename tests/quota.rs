@@ -484,3 +484,88 @@ async fn a_keyed_funnel_peek_answers_what_try_acquire_does() {
         assert_eq!(looked.answer(), per_key.try_acquire_many(&key, n));
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_limiter_trait_peeks_where_it_can() {
+    let bucket = TokenBucket::builder()
+        .quota(SECOND_AND_MINUTE)
+        .build()
+        .unwrap();
+    let limiter: Arc<dyn Limiter> = Arc::new(bucket.clone());
+    limiter.try_acquire_many(10).unwrap();
+    assert_eq!(limiter.peek(3), Some(bucket.peek(3)));
+    assert_eq!(limiter.peek(3).unwrap().retry_after(), Some(ms(300)));
+    let boxed: Box<dyn Limiter> =
+        Box::new(Funnel::builder().rate(Rate::per_second(1)).build().unwrap());
+    assert!(boxed.peek(1).unwrap().is_granted());
+    let leaky = LeakyBucket::builder()
+        .rate(Rate::per_second(1))
+        .build()
+        .unwrap();
+    assert_eq!(Limiter::peek(&leaky, 2), Some(leaky.peek(2)));
+    // The smooth limiters have no bands to show.
+    let smooth = tokio_ratelimit::SmoothBursty::builder()
+        .permits_per_second(1.0)
+        .build()
+        .unwrap();
+    assert_eq!(Limiter::peek(&smooth, 1), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_keyed_peek_looks_at_the_keys_own_tier() {
+    let paid = Arc::new(Mutex::new(vec!["paid".to_string()]));
+    let tiers = Arc::clone(&paid);
+    let keyed: Keyed<String, TokenBucket> = Keyed::builder()
+        .limiter_for(move |key: &String| TokenBucket::builder().quota(tier(key, &tiers)).build())
+        .build()
+        .unwrap();
+    // Keys not held: a new limiter of the key's tier, and no key added.
+    let available = |key: &str, n| {
+        keyed
+            .peek(key, n)
+            .unwrap()
+            .bands()
+            .map(|b| b.available)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(available("free", 1), [2, 5]);
+    assert_eq!(available("paid", 1), [20, 50]);
+    assert!(keyed.is_empty());
+    // Held keys: what try_acquire then answers, at every step.
+    let (mut granted, mut refused) = (0, 0);
+    for step in 0..40 {
+        for (key, n) in [("free", 1), ("paid", 3)] {
+            let looked = keyed.peek(key, n).unwrap();
+            let answer = keyed.try_acquire_many(key, n);
+            assert_eq!(looked.answer(), answer, "{key} at step {step}");
+            if answer.is_ok() {
+                granted += u64::from(n);
+            } else {
+                refused += 1;
+            }
+        }
+        time::advance(ms(150)).await;
+    }
+    assert!(
+        granted > 0 && refused > 0,
+        "{granted} granted, {refused} refused"
+    );
+    assert_eq!(
+        (keyed.stats().granted, keyed.stats().limited),
+        (granted, refused)
+    );
+    // A key whose limiter cannot be built reads as closed.
+    let broken: Keyed<String, Funnel> = Keyed::builder()
+        .limiter_for(|key: &String| {
+            Funnel::builder()
+                .rate(Rate::per_second(1))
+                .capacity(u32::from(key != "broken"))
+                .build()
+        })
+        .build()
+        .unwrap();
+    assert_eq!(
+        broken.peek("broken", 1).unwrap().answer(),
+        Err(TryAcquireError::Closed)
+    );
+}

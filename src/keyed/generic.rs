@@ -12,7 +12,7 @@ use tokio::sync::Notify;
 use super::map::{ShardMap, Unavailable};
 use super::{KeyedStats, Sweep, spawn_sweeper};
 use crate::stats::Counters;
-use crate::{AcquireError, ConfigError, Limiter, TryAcquireError, clock};
+use crate::{AcquireError, ConfigError, Limiter, Peek, TryAcquireError, clock};
 
 type Factory<K, L> = dyn Fn(&K) -> Result<L, ConfigError> + Send + Sync;
 
@@ -453,6 +453,46 @@ where
         self.inner
             .with(key, true, L::clone)
             .expect("the limiter factory failed for a new key")
+    }
+
+    /// What `try_acquire_many(key, n)` would answer now, and the state of
+    /// each band of `key`'s limiter, without taking anything or adding the
+    /// key ([`Limiter::peek`]; `None` when the limiter type cannot tell). A
+    /// key not held is looked at as a new limiter from the factory, built
+    /// for the look and dropped; a new key that `max_keys` would turn away
+    /// is not foreseen.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tokio_ratelimit::{Rate, TokenBucket, keyed::Keyed};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let per_user: Keyed<u64, TokenBucket> = Keyed::builder()
+    ///     .limiter(|| TokenBucket::builder().rate(Rate::per_second(1)).capacity(3).build())
+    ///     .build()
+    ///     .unwrap();
+    /// per_user.try_acquire_many(&7, 2).unwrap();
+    /// let peek = per_user.peek(&7, 2).unwrap();
+    /// assert_eq!(peek.retry_after(), Some(std::time::Duration::from_secs(1)));
+    /// assert_eq!(per_user.peek(&8, 3).unwrap().bands().next().unwrap().available, 3);
+    /// assert_eq!(per_user.len(), 1); // peeking added nothing
+    /// # }
+    /// ```
+    pub fn peek<Q>(&self, key: &Q, n: u32) -> Option<Peek>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned + ?Sized,
+        Q::Owned: Into<K>,
+    {
+        if let Some(held) = self.inner.map.get(key, |limiter, _| limiter.peek(n)) {
+            return held;
+        }
+        match self.inner.make(&key.to_owned().into()) {
+            Some(fresh) => fresh.peek(n),
+            None => Some(Peek::new(Err(TryAcquireError::Closed), &[])),
+        }
     }
 
     /// Keys held now (including fresh ones not swept yet).

@@ -97,15 +97,12 @@ pub(crate) fn memory(rt: &Runtime, set: &Settings) {
     );
     // KeyedFunnel: 1 M distinct u64 keys, the same quota as governor's: a
     // slow rate, so that every key keeps water (KeyedFunnel drops drained
-    // keys, which would make its memory figure meaningless).
-    let ours = {
+    // keys, which would make its memory figure meaningless). Then the same
+    // with a second band (as slow, as deep: one 128-bit word per key).
+    let mut keyed_funnel = |name: &str, quota: tokio_ratelimit::Quota| {
         trim_heap();
         let before = rss_bytes();
-        let limiter: KeyedFunnel<u64> = KeyedFunnel::builder()
-            .rate(Rate::per_second(1))
-            .capacity(10_000_000)
-            .build()
-            .unwrap();
+        let limiter: KeyedFunnel<u64> = KeyedFunnel::builder().quota(quota).build().unwrap();
         for k in 0..set.keys {
             assert!(limiter.try_acquire(&k).is_ok());
         }
@@ -119,7 +116,7 @@ pub(crate) fn memory(rt: &Runtime, set: &Settings) {
         let bytes = (after.saturating_sub(before)) as f64 / set.keys as f64;
         let times = keyed_checks(|k| limiter.try_acquire(&k).is_ok(), set.keys, set);
         t.row(vec![
-            format!("KeyedFunnel, {} keys", set.keys),
+            format!("{name}, {} keys", set.keys),
             format!("{bytes:.1}"),
             format!("{:.1} / {:.1}", times.hot, times.hot2),
             format!("{:.1} / {:.1}", times.random, times.random2),
@@ -128,6 +125,12 @@ pub(crate) fn memory(rt: &Runtime, set: &Settings) {
         drop(limiter);
         (bytes, times)
     };
+    let one_band = tokio_ratelimit::Quota::new(Rate::per_second(1), 10_000_000);
+    let ours = keyed_funnel("KeyedFunnel", one_band);
+    let two = keyed_funnel(
+        "KeyedFunnel, 2 bands",
+        one_band.and(Rate::per_hour(1_800), 10_000_000),
+    );
     // governor keyed: 1 M distinct u64 keys.
     let theirs = {
         trim_heap();
@@ -218,6 +221,24 @@ pub(crate) fn memory(rt: &Runtime, set: &Settings) {
             ours.0 / theirs.0,
             "≤",
             1.0,
+        ),
+        ratio_line(
+            "KeyedFunnel 2 bands bytes per key / 1 band",
+            two.0 / ours.0,
+            "≤",
+            2.0,
+        ),
+        ratio_line(
+            "KeyedFunnel 2 bands hot key / 1 band",
+            two.1.hot / ours.1.hot,
+            "≤",
+            2.0,
+        ),
+        ratio_line(
+            "KeyedFunnel 2 bands random key / 1 band",
+            two.1.random / ours.1.random,
+            "≤",
+            2.0,
         ),
         ratio_line(
             "KeyedFunnel hot key / governor keyed",

@@ -28,6 +28,23 @@
 //! above 2²⁰ in lowest terms, where 2⁶² units would be under 73 minutes) or
 //! buckets deeper than 2⁵⁶ units, keys keep the absolute 128-bit `tat`
 //! instead (twice the memory, no epoch needed).
+//!
+//! # Bands and tiers
+//!
+//! A [`Quota`] of several bands keeps one `tat` per band, each read as
+//! above in its band's units. Two bands share one 128-bit word (band 0 in
+//! the low half), so one compare-and-swap decides both and no thread ever
+//! sees one debited without the other: 8 bytes per band for the state
+//! itself. Three or four bands, or two that need the absolute form, are
+//! kept absolute under a small lock per key (80 bytes: four `u128`s and the
+//! lock), which is held only for the arithmetic.
+//!
+//! Tiers (quotas declared with [`KeyedFunnelBuilder::tier`]) need no
+//! state of their own: band `b` of every tier is counted in one unit, the
+//! least common multiple of the tiers' units for that band
+//! (`algorithm::in_common_units`), so a stored `tat` is the same
+//! instant whichever tier reads it, and a key's word does not grow with
+//! the number of tiers. The tier is chosen per call.
 
 use std::borrow::Borrow;
 use std::collections::hash_map::RandomState;
@@ -57,9 +74,11 @@ use word::{Word, decide, is_drained};
 /// API key, millions of them, with no task per key.
 ///
 /// Each key costs one small word of state in a sharded concurrent map (16
-/// bytes per `u64` key, plus the map's own overhead), and gives exactly the
-/// numbers a [`Funnel`](crate::Funnel) with the same rate and capacity
-/// would. Keys whose funnel has drained are indistinguishable from new ones
+/// bytes per `u64` key, plus the map's own overhead; 8 more for a second
+/// band), and gives exactly the numbers a [`Funnel`](crate::Funnel) with
+/// the same rate and capacity, or the same [`Quota`], would. Keys may be
+/// held to different quotas in one map (tiers: see
+/// [`try_acquire_with`](Self::try_acquire_with)). Keys whose funnel has drained are indistinguishable from new ones
 /// and are dropped by the crate itself — when a shard would grow, and by a
 /// background sweeper when the map is built inside a tokio runtime — so
 /// memory follows the active keys.
