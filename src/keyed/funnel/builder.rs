@@ -207,7 +207,7 @@ where
         let mut tiers = quotas
             .into_iter()
             .zip(bands)
-            .map(|(quota, bands)| Tier { quota, bands })
+            .map(|(quota, bands)| Tier::new(quota, bands))
             .collect::<Vec<_>>();
         // The map's own quota is the first.
         let others: Box<[Tier]> = tiers.split_off(1).into();

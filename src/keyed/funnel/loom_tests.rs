@@ -6,7 +6,6 @@ use loom::sync::Arc;
 use loom::thread;
 
 use super::*;
-use crate::algorithm::Params;
 use crate::sync::{AtomicU64 as Clock, Ordering};
 
 /// 1 unit per 10 ns (in scaled units, den 1), capacity 2: τ = 20.
@@ -121,19 +120,23 @@ fn loom_two_bands_in_one_word_are_one_decision() {
     // none over-admitted.
     loom::model(|| {
         let bands = two_bands();
+        let quota = Quota::new(Rate::every(Duration::from_nanos(10)), 2)
+            .and(Rate::every(Duration::from_nanos(40)), 3);
+        let tier = Tier::new(quota, bands);
         let epoch_ns = 0u64;
         let word = Arc::new(<Pair as Stored>::fresh(&bands, 0));
         let clock = Arc::new(Clock::new(0));
-        let pour = move |word: &Pair, clock: &Clock, n: u32| {
+        let tier = Arc::new(tier);
+        let pour = move |word: &Pair, clock: &Clock, tier: &Tier, n: u32| {
             let now = clock.fetch_add(1, Ordering::Relaxed) + 1;
-            (now, word.decide(&bands, epoch_ns, now, n).is_ok())
+            (now, word.decide(tier, epoch_ns, now, n).is_ok())
         };
         let other = {
-            let (word, clock) = (Arc::clone(&word), Arc::clone(&clock));
-            thread::spawn(move || pour(&word, &clock, 2))
+            let (word, clock, tier) = (Arc::clone(&word), Arc::clone(&clock), Arc::clone(&tier));
+            thread::spawn(move || pour(&word, &clock, &tier, 2))
         };
-        let second = pour(&word, &clock, 2);
-        let third = pour(&word, &clock, 1);
+        let second = pour(&word, &clock, &tier, 2);
+        let third = pour(&word, &clock, &tier, 1);
         let first = other.join().unwrap();
         let tats = word.tats(&bands, epoch_ns);
         let asked = [(first.0, 2), (second.0, 2), (third.0, 1)];

@@ -57,7 +57,7 @@ use tokio::sync::Notify;
 
 use super::map::{ShardMap, Unavailable};
 use super::{KeyedStats, Sweep};
-use crate::algorithm::{Bands, PerBand};
+use crate::algorithm::{Bands, Params, PerBand};
 use crate::stats::Counters;
 use crate::sync::{AtomicU64, AtomicU128};
 use crate::{AcquireError, Peek, Quota, Rate, TryAcquireError, clock};
@@ -139,8 +139,24 @@ struct Inner<K, S> {
 /// A quota keys may be held to, and its bands in the map's units.
 #[derive(Debug)]
 struct Tier {
-    quota: Quota,
+    /// The first band (all of a one-band quota's: its hot path reads only
+    /// this and `capacity`).
+    first: Params,
+    /// The most units one request may take: the smallest capacity.
+    capacity: u32,
     bands: Bands,
+    quota: Quota,
+}
+
+impl Tier {
+    fn new(quota: Quota, bands: Bands) -> Tier {
+        Tier {
+            first: bands.params()[0],
+            capacity: bands.capacity(),
+            bands,
+            quota,
+        }
+    }
 }
 
 enum Words<K, S> {
@@ -221,23 +237,22 @@ where
         Q: Hash + Eq + ToOwned + ?Sized,
         Q::Owned: Into<K>,
     {
-        if n > tier.bands.capacity() {
+        if n > tier.capacity {
             return Poured::Limited(TryAcquireError::InsufficientCapacity);
         }
         if n == 0 {
             return Poured::Granted;
         }
         let now_nanos = self.now_nanos();
-        let quota = &tier.bands;
         // An existing key: a read lock and one compare-and-swap (or, for
         // three bands or more, the key's own lock).
         let known = with_map!(&self.words, map => map.update(key, now_nanos, |w, epoch| {
-            w.decide(quota, epoch, now_nanos, n)
+            w.decide(tier, epoch, now_nanos, n)
         }));
         if let Some(result) = known {
             return Poured::from(result);
         }
-        let outcome = with_map!(&self.words, map => self.pour(map, key, quota, now_nanos, n));
+        let outcome = with_map!(&self.words, map => self.pour(map, key, tier, now_nanos, n));
         match outcome {
             Ok((result, first)) => {
                 if first {
@@ -257,7 +272,7 @@ where
         &self,
         map: &ShardMap<K, W, S>,
         key: &Q,
-        quota: &Bands,
+        tier: &Tier,
         now_nanos: u64,
         n: u32,
     ) -> Result<(Result<(), TryAcquireError>, bool), Unavailable>
@@ -273,7 +288,7 @@ where
             || Some(W::fresh(units, now_nanos)),
             |w, epoch| w.is_drained(units, epoch, now_nanos),
             false,
-            |w, epoch| w.decide(quota, epoch, now_nanos, n),
+            |w, epoch| w.decide(tier, epoch, now_nanos, n),
         )
     }
 
@@ -305,7 +320,7 @@ where
     {
         let (tats, now_ns) = self.tats(key);
         let quota = &tier.bands;
-        let answer = if n > quota.capacity() {
+        let answer = if n > tier.capacity {
             Err(TryAcquireError::InsufficientCapacity)
         } else if n == 0 {
             Ok(())
@@ -682,7 +697,7 @@ where
     /// The most units one request may take under the map's quota: its
     /// smallest capacity.
     pub fn capacity(&self) -> u32 {
-        self.inner.default.bands.capacity()
+        self.inner.default.capacity
     }
 }
 
@@ -700,7 +715,6 @@ impl<K, S> fmt::Debug for KeyedFunnel<K, S> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algorithm::Params;
 
     #[test]
     fn the_narrow_word_reads_relative_to_its_epoch() {

@@ -11,6 +11,7 @@ use std::hash::{BuildHasher, Hash};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
+use super::Tier;
 use crate::algorithm::{Bands, MAX_BANDS, Params, PerBand};
 use crate::keyed::map::ShardMap;
 use crate::sync::{AtomicU64, AtomicU128, Ordering};
@@ -85,12 +86,12 @@ pub(super) trait Stored: Send + Sync + 'static {
     const BANDS: usize;
     /// A key whose every band is empty at `now_ns`.
     fn fresh(units: &Bands, now_ns: u64) -> Self;
-    /// Pours `n` units into every band of `quota` at `now_ns` if all have
+    /// Pours `n` units into every band of `tier` at `now_ns` if all have
     /// room, else changes nothing; in a shard whose epoch is `epoch_ns`.
-    /// The caller has checked `1 <= n <= quota.capacity()`.
+    /// The caller has checked `1 <= n <= tier.capacity`.
     fn decide(
         &self,
-        quota: &Bands,
+        tier: &Tier,
         epoch_ns: u64,
         now_ns: u64,
         n: u32,
@@ -116,12 +117,12 @@ impl<W: Word> Stored for W {
     #[inline]
     fn decide(
         &self,
-        quota: &Bands,
+        tier: &Tier,
         epoch_ns: u64,
         now_ns: u64,
         n: u32,
     ) -> Result<(), TryAcquireError> {
-        let p = &quota.params()[0];
+        let p = &tier.first;
         let (epoch, now) = (
             p.scale_nanos(u128::from(epoch_ns)),
             p.scale_nanos(u128::from(now_ns)),
@@ -184,11 +185,12 @@ impl Stored for Pair {
     #[inline]
     fn decide(
         &self,
-        quota: &Bands,
+        tier: &Tier,
         epoch_ns: u64,
         now_ns: u64,
         n: u32,
     ) -> Result<(), TryAcquireError> {
+        let quota = &tier.bands;
         // A quota of one band leaves band 1 alone: decoded against any
         // epoch, its half encodes back to the same 64 bits.
         let epochs = quota.scaled(u128::from(epoch_ns));
@@ -237,8 +239,8 @@ impl Stored for Locked {
         Locked(Mutex::new(units.scaled(u128::from(now_ns))))
     }
 
-    fn decide(&self, quota: &Bands, _: u64, now_ns: u64, n: u32) -> Result<(), TryAcquireError> {
-        quota
+    fn decide(&self, tier: &Tier, _: u64, now_ns: u64, n: u32) -> Result<(), TryAcquireError> {
+        tier.bands
             .try_pour(&mut self.lock(), u128::from(now_ns), n)
             .map_err(|retry_after| TryAcquireError::Limited { retry_after })
     }
