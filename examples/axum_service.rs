@@ -4,14 +4,22 @@
 //! ```sh
 //! cargo run --example axum_service -- 3000   # or PORT=3000; 3000 by default
 //! curl -i -H 'x-client-id: ann' http://127.0.0.1:3000/
+//!
+//! # The same service, its per-client limit shared by every replica through Redis:
+//! REDIS_URL=redis://127.0.0.1:6379/ cargo run --features redis --example axum_service
 //! ```
 //!
-//! * Every route is limited **per client** by a
-//!   [`KeyedFunnel`](tokio_ratelimit::keyed::KeyedFunnel) through
-//!   `KeyedRateLimitLayer`. A client is its `x-client-id` header, or else its
-//!   peer IP address. (A real service would take the id from authentication:
-//!   a client that picks its own id can pick a new one.) Over the limit, the
-//!   answer is `429 Too Many Requests` at once.
+//! * Every route is limited **per client** through `KeyedRateLimitLayer`,
+//!   by a [`KeyedFunnel`](tokio_ratelimit::keyed::KeyedFunnel) in this
+//!   process or — with `REDIS_URL` set (and the `redis` feature) — by a
+//!   [`RedisFunnel`](tokio_ratelimit::redis::RedisFunnel) that every
+//!   replica shares. The layer and the handlers are the same code either
+//!   way: the limiter is an `Arc<dyn AsyncKeyedLimiter>` picked at start.
+//!   A client is its `x-client-id` header, or else its peer IP address. (A
+//!   real service would take the id from authentication: a client that
+//!   picks its own id can pick a new one.) Over the limit, the answer is
+//!   `429 Too Many Requests` at once; a shared limit that cannot be decided
+//!   (Redis down, failing closed) is `503 Service Unavailable`, never 429.
 //! * `GET /expensive` is also limited **for the whole server** by a
 //!   [`TokenBucket`](tokio_ratelimit::TokenBucket) through `RateLimitLayer`:
 //!   requests beyond its rate wait their turn (backpressure), they are not
@@ -47,10 +55,12 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use std::sync::Arc;
+
 use tokio::net::TcpListener;
-use tokio_ratelimit::keyed::KeyedFunnel;
+use tokio_ratelimit::keyed::{AsyncKeyedLimiter, KeyedFunnel};
 use tokio_ratelimit::tower::{BoxError, KeyedRateLimitLayer, RateLimitLayer, RateLimited};
-use tokio_ratelimit::{ConfigError, Rate, TokenBucket};
+use tokio_ratelimit::{ConfigError, Rate, TokenBucket, TryAcquireError};
 use tower::ServiceBuilder;
 
 /// The limits, as numbers.
@@ -78,30 +88,52 @@ impl Default for Config {
     }
 }
 
-/// The limiters the service uses (cheap handles: clone one to watch its
-/// `stats()`).
-#[derive(Debug, Clone)]
+/// The per-client limit, wherever it lives: a map in this process or a
+/// limit shared through Redis.
+pub(crate) type PerClient = Arc<dyn AsyncKeyedLimiter<Key = String>>;
+
+/// The limiters the service uses (cheap handles).
+#[derive(Clone)]
 pub(crate) struct Limits {
     /// Per client (see [`client_key`]).
-    pub(crate) per_client: KeyedFunnel<String>,
+    pub(crate) per_client: PerClient,
     /// For the whole server, on `/expensive`.
     pub(crate) expensive: TokenBucket,
 }
 
 impl Limits {
-    /// Builds the limiters (inside a tokio runtime: the token bucket spawns
-    /// its actor there).
-    pub(crate) fn new(config: &Config) -> Result<Limits, ConfigError> {
+    /// The limiters of one process (inside a tokio runtime: the token
+    /// bucket spawns its actor there), with the per-client map given.
+    pub(crate) fn with(per_client: PerClient, config: &Config) -> Result<Limits, ConfigError> {
         Ok(Limits {
-            per_client: KeyedFunnel::builder()
-                .rate(config.per_client_rate)
-                .capacity(config.per_client_burst)
-                .build()?,
+            per_client,
             expensive: TokenBucket::builder()
                 .rate(config.expensive_rate)
                 .capacity(config.expensive_burst)
                 .build()?,
         })
+    }
+
+    /// Per client in this process.
+    pub(crate) fn local(config: &Config) -> Result<Limits, ConfigError> {
+        let per_client: KeyedFunnel<String> = KeyedFunnel::builder()
+            .rate(config.per_client_rate)
+            .capacity(config.per_client_burst)
+            .build()?;
+        Limits::with(Arc::new(per_client), config)
+    }
+
+    /// Per client shared through the Redis at `url` (every replica that
+    /// uses the same server and prefix shares each client's limit).
+    #[cfg(feature = "redis")]
+    pub(crate) async fn shared(config: &Config, url: &str) -> Result<Limits, Box<dyn Error>> {
+        let per_client = tokio_ratelimit::redis::RedisFunnel::builder(url)
+            .rate(config.per_client_rate)
+            .capacity(config.per_client_burst)
+            .prefix("axum_service:")
+            .build()
+            .await?;
+        Ok(Limits::with(Arc::new(per_client), config)?)
     }
 }
 
@@ -164,19 +196,26 @@ async fn expensive() -> &'static str {
     "expensive result\n"
 }
 
-/// `RateLimit-*` headers for the client's funnel, on every response.
+/// `RateLimit-*` headers for the client's funnel, on every response (when
+/// the limit can be looked at).
 async fn quota_headers(
-    State(per_client): State<KeyedFunnel<String>>,
+    State(per_client): State<PerClient>,
     request: Request,
     next: Next,
 ) -> Response {
     let key = client_key(&request);
     let mut response = next.run(request).await;
-    let headers = response.headers_mut();
-    headers.insert("ratelimit-limit", per_client.capacity().into());
-    headers.insert("ratelimit-remaining", per_client.free(&key).into());
-    let reset = seconds_up(per_client.empty_in(&key));
-    headers.insert("ratelimit-reset", reset.into());
+    if let Ok(Some(peek)) = per_client.peek(&key, 1).await {
+        let headers = response.headers_mut();
+        let fewest = peek.bands().min_by_key(|b| b.available);
+        let limit = peek.bands().map(|b| b.band.capacity()).min();
+        let reset = peek.bands().map(|b| b.full_in).max();
+        if let (Some(band), Some(limit), Some(reset)) = (fewest, limit, reset) {
+            headers.insert("ratelimit-limit", limit.into());
+            headers.insert("ratelimit-remaining", band.available.into());
+            headers.insert("ratelimit-reset", seconds_up(reset).into());
+        }
+    }
     response
 }
 
@@ -196,9 +235,21 @@ async fn too_many_requests(error: BoxError) -> Response {
     }
 }
 
-/// Any other limiter error (a limiter closed at shutdown): 503.
+/// Any other limiter error — a shared limit that could not be decided, a
+/// limiter closed at shutdown: 503, with `Retry-After` when there is an
+/// estimate.
 async fn limiter_failed(error: BoxError) -> Response {
-    (StatusCode::SERVICE_UNAVAILABLE, format!("{error}\n")).into_response()
+    let retry_after = error
+        .downcast_ref::<TryAcquireError>()
+        .and_then(TryAcquireError::retry_after);
+    let mut response = (StatusCode::SERVICE_UNAVAILABLE, format!("{error}\n")).into_response();
+    if let Some(retry_after) = retry_after {
+        let seconds = seconds_up(retry_after).max(1);
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+    }
+    response
 }
 
 #[tokio::main]
@@ -211,14 +262,26 @@ async fn main() -> Result<(), Box<dyn Error>> {
         None => 3000,
     };
     let config = Config::default();
+    let (limits, place) = match std::env::var("REDIS_URL") {
+        #[cfg(feature = "redis")]
+        Ok(url) => (
+            Limits::shared(&config, &url).await?,
+            format!("shared through {url}"),
+        ),
+        #[cfg(not(feature = "redis"))]
+        Ok(_) => {
+            return Err("REDIS_URL needs the redis feature: cargo run --features redis …".into());
+        }
+        Err(_) => (Limits::local(&config)?, "in this process".to_owned()),
+    };
     let listener = TcpListener::bind(("127.0.0.1", port)).await?;
     println!(
-        "listening on http://{}: per client {} (bursts of {}), /expensive {} for everyone",
+        "listening on http://{}: per client {} (bursts of {}, {place}), /expensive {} for everyone",
         listener.local_addr()?,
         config.per_client_rate,
         config.per_client_burst,
         config.expensive_rate,
     );
-    serve(listener, Limits::new(&config)?).await?;
+    serve(listener, limits).await?;
     Ok(())
 }

@@ -154,10 +154,18 @@ pub enum TryAcquireError {
         /// How long until the request could succeed.
         retry_after: Duration,
     },
+    /// The limit could not be decided now: a shared store (Redis) failed
+    /// and the limiter fails closed. Not the caller's doing — an HTTP
+    /// service answers `503 Service Unavailable`, not `429`.
+    Unavailable {
+        /// An estimate of when to try again.
+        retry_after: Duration,
+    },
 }
 
 impl TryAcquireError {
-    /// The wait before a retry can succeed, for `Limited`; `None` otherwise.
+    /// The wait before a retry can succeed, for `Limited` (exact) and
+    /// `Unavailable` (an estimate); `None` otherwise.
     ///
     /// # Examples
     ///
@@ -171,7 +179,7 @@ impl TryAcquireError {
     /// ```
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
-            Self::Limited { retry_after } => Some(*retry_after),
+            Self::Limited { retry_after } | Self::Unavailable { retry_after } => Some(*retry_after),
             _ => None,
         }
     }
@@ -186,6 +194,12 @@ impl fmt::Display for TryAcquireError {
             }
             Self::Limited { retry_after } => {
                 write!(f, "rate limited, retry after {retry_after:?}")
+            }
+            Self::Unavailable { retry_after } => {
+                write!(
+                    f,
+                    "rate limit could not be decided, retry after about {retry_after:?}"
+                )
             }
         }
     }
@@ -292,6 +306,10 @@ mod tests {
             AcquireError::NoRuntime.to_string(),
             TryAcquireError::Limited {
                 retry_after: Duration::from_millis(100),
+            }
+            .to_string(),
+            TryAcquireError::Unavailable {
+                retry_after: Duration::from_secs(1),
             }
             .to_string(),
         ];

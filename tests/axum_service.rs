@@ -25,6 +25,7 @@ mod service;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -33,11 +34,11 @@ use hyper::body::Bytes;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use service::{Config, Limits};
+use service::{Config, Limits, PerClient};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
+use tokio_ratelimit::Rate;
 use tokio_ratelimit::keyed::KeyedFunnel;
-use tokio_ratelimit::{Rate, TokenBucket};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -50,45 +51,80 @@ enum Control {
     Elapsed(oneshot::Sender<Duration>),
 }
 
-/// The example's service, on 127.0.0.1:0, on a paused clock of its own.
+/// The example's service, on 127.0.0.1:0, on a runtime of its own.
 struct Server {
     addr: SocketAddr,
     control: Option<mpsc::UnboundedSender<Control>>,
     thread: Option<JoinHandle<()>>,
     limits: Limits,
+    /// The per-client map the service is given, to read its stats (a local
+    /// one only).
+    per_client: Option<KeyedFunnel<String>>,
+}
+
+/// Where the per-client limit lives.
+#[derive(Clone)]
+enum Backend {
+    /// A `KeyedFunnel` in the server, on a paused clock.
+    Local,
+    /// A `RedisFunnel` on this server (real time: Redis's clock).
+    #[cfg(feature = "redis")]
+    Redis {
+        url: String,
+        prefix: String,
+        policy: tokio_ratelimit::redis::FailurePolicy,
+    },
 }
 
 impl Server {
     fn start(config: Config) -> Server {
+        Server::start_on(config, Backend::Local)
+    }
+
+    fn start_on(config: Config, backend: Backend) -> Server {
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let (control, mut commands) = mpsc::unbounded_channel();
+        let paused = matches!(backend, Backend::Local);
         let thread = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
-                .start_paused(true)
+                .start_paused(paused)
                 .build()
                 .unwrap();
             runtime.block_on(async move {
-                // No sweeper task, no timer (see above).
-                let per_client = KeyedFunnel::builder()
-                    .rate(config.per_client_rate)
-                    .capacity(config.per_client_burst)
-                    .background_sweep(false)
-                    .build()
-                    .unwrap();
-                let expensive = TokenBucket::builder()
-                    .rate(config.expensive_rate)
-                    .capacity(config.expensive_burst)
-                    .build()
-                    .unwrap();
-                let limits = Limits {
-                    per_client,
-                    expensive,
+                let (per_client, local): (PerClient, _) = match backend {
+                    Backend::Local => {
+                        // No sweeper task, no timer (see above).
+                        let map = KeyedFunnel::builder()
+                            .rate(config.per_client_rate)
+                            .capacity(config.per_client_burst)
+                            .background_sweep(false)
+                            .build()
+                            .unwrap();
+                        (Arc::new(map.clone()), Some(map))
+                    }
+                    #[cfg(feature = "redis")]
+                    Backend::Redis {
+                        url,
+                        prefix,
+                        policy,
+                    } => {
+                        let shared = tokio_ratelimit::redis::RedisFunnel::builder(url)
+                            .rate(config.per_client_rate)
+                            .capacity(config.per_client_burst)
+                            .prefix(prefix)
+                            .failure_policy(policy)
+                            .build()
+                            .await
+                            .unwrap();
+                        (Arc::new(shared), None)
+                    }
                 };
+                let limits = Limits::with(per_client, &config).unwrap();
                 let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
                 let start = Instant::now();
                 ready_tx
-                    .send((listener.local_addr().unwrap(), limits.clone()))
+                    .send((listener.local_addr().unwrap(), limits.clone(), local))
                     .unwrap();
                 let server = tokio::spawn(service::serve(listener, limits));
                 while let Some(command) = commands.recv().await {
@@ -105,13 +141,18 @@ impl Server {
                 server.abort();
             });
         });
-        let (addr, limits) = ready_rx.recv().unwrap();
+        let (addr, limits, per_client) = ready_rx.recv().unwrap();
         Server {
             addr,
             control: Some(control),
             thread: Some(thread),
             limits,
+            per_client,
         }
+    }
+
+    fn local_stats(&self) -> tokio_ratelimit::keyed::KeyedStats {
+        self.per_client.as_ref().expect("a local map").stats()
     }
 
     fn control(&self) -> &mpsc::UnboundedSender<Control> {
@@ -287,7 +328,7 @@ async fn per_client_limits_are_exact_and_retry_after_is_honoured() {
     );
 
     // The limiter's own account agrees with what the client saw.
-    let stats = server.limits.per_client.stats();
+    let stats = server.local_stats();
     assert_eq!((stats.keys, stats.granted, stats.limited), (3, 11, 7));
     assert_eq!(server.elapsed().await, Duration::from_millis(3500));
 }
@@ -309,7 +350,7 @@ async fn the_expensive_route_waits_for_the_global_budget() {
     let stats = server.limits.expensive.stats();
     assert_eq!((stats.granted, stats.waiting), (3, 0));
     assert_eq!(a.header("ratelimit-limit"), "3");
-    assert_eq!(server.limits.per_client.stats().granted, 3);
+    assert_eq!(server.local_stats().granted, 3);
 }
 
 #[tokio::test]
@@ -329,4 +370,109 @@ async fn the_per_client_limit_answers_before_the_global_wait() {
     assert_eq!(http.get("/expensive", Some("bob")).await.status, 200);
     assert_eq!(server.elapsed().await, ms(500));
     assert_eq!(server.limits.expensive.stats().granted, 2);
+}
+
+/// One client's limit: 1 per 20 s with bursts of 3. Slow enough that the
+/// milliseconds real time moves during a test cannot change an answer, so
+/// one script runs on a paused local map and on Redis alike.
+fn slow_config() -> Config {
+    Config {
+        per_client_rate: Rate::per(1, Duration::from_secs(20)),
+        per_client_burst: 3,
+        ..config()
+    }
+}
+
+/// The same requests, the same answers, whichever backend `servers` share
+/// (each request goes to the next server, as behind a load balancer).
+async fn burst_then_refused(servers: &[&Server]) {
+    let http: Vec<HttpClient> = servers.iter().map(|s| HttpClient::new(s)).collect();
+    let mut answers = Vec::new();
+    for i in 0..5 {
+        answers.push(http[i % http.len()].get("/", Some("ann")).await);
+    }
+    let statuses: Vec<u16> = answers.iter().map(|a| a.status).collect();
+    assert_eq!(statuses, [200, 200, 200, 429, 429]);
+    let remaining: Vec<&str> = answers
+        .iter()
+        .map(|a| a.header("ratelimit-remaining"))
+        .collect();
+    assert_eq!(remaining, ["2", "1", "0", "0", "0"]);
+    assert!(answers.iter().all(|a| a.header("ratelimit-limit") == "3"));
+    // 20 s until one unit drains (less the milliseconds real time took).
+    assert_eq!(answers[3].header("retry-after"), "20");
+    assert_eq!(answers[2].header("ratelimit-reset"), "60");
+    // Another client has its own limit, on every server.
+    for h in &http {
+        assert_eq!(h.get("/", Some("bob")).await.status, 200);
+    }
+}
+
+#[tokio::test]
+async fn a_local_map_behind_the_layer() {
+    let server = Server::start(slow_config());
+    burst_then_refused(&[&server]).await;
+    assert_eq!(server.local_stats().granted, 4);
+}
+
+#[cfg(feature = "redis")]
+#[path = "support/redis_server.rs"]
+mod redis_server;
+
+#[cfg(feature = "redis")]
+fn shared(
+    redis: &redis_server::RedisServer,
+    prefix: &str,
+    policy: tokio_ratelimit::redis::FailurePolicy,
+) -> Backend {
+    Backend::Redis {
+        url: redis.url(),
+        prefix: prefix.to_owned(),
+        policy,
+    }
+}
+
+/// Two replicas of the service share each client's limit through Redis:
+/// the same answers as one process with a local map.
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn two_replicas_share_a_limit_through_redis() {
+    use tokio_ratelimit::redis::FailurePolicy;
+    let Some(redis) = redis_server::RedisServer::start("two_replicas_share_a_limit_through_redis")
+    else {
+        return;
+    };
+    let backend = shared(&redis, "replicas:", FailurePolicy::Closed);
+    let (a, b) = (
+        Server::start_on(slow_config(), backend.clone()),
+        Server::start_on(slow_config(), backend),
+    );
+    burst_then_refused(&[&a, &b]).await;
+}
+
+/// Redis gone: failing closed, a 503 with `Retry-After` (never a 429, which
+/// would blame the client); failing open, the request passes.
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn a_shared_limit_that_cannot_decide_answers_by_its_policy() {
+    use tokio_ratelimit::redis::FailurePolicy;
+    let Some(mut redis) =
+        redis_server::RedisServer::start("a_shared_limit_that_cannot_decide_answers_by_its_policy")
+    else {
+        return;
+    };
+    let closed = Server::start_on(
+        slow_config(),
+        shared(&redis, "policy:", FailurePolicy::Closed),
+    );
+    let open = Server::start_on(
+        slow_config(),
+        shared(&redis, "policy:", FailurePolicy::Open),
+    );
+    let (closed_http, open_http) = (HttpClient::new(&closed), HttpClient::new(&open));
+    assert_eq!(closed_http.get("/", Some("ann")).await.status, 200);
+    redis.kill();
+    let refused = closed_http.get("/", Some("ann")).await;
+    assert_eq!((refused.status, refused.header("retry-after")), (503, "1"));
+    assert_eq!(open_http.get("/", Some("ann")).await.status, 200);
 }

@@ -318,7 +318,7 @@ fn per_client(rate: Rate, capacity: u32) -> KeyedFunnel<String> {
         .unwrap()
 }
 
-fn keyed_echo<L: tokio_ratelimit::keyed::KeyedLimiter<Key = String> + Clone>(
+fn keyed_echo<L: tokio_ratelimit::keyed::KeyedLimiter<Key = String> + Clone + 'static>(
     limiter: L,
     calls: &Arc<AtomicUsize>,
 ) -> impl Service<Req, Response = u32, Error = BoxError> + Clone {

@@ -58,7 +58,7 @@ pub use funnel::{KeyedFunnel, KeyedFunnelBuilder};
 pub use generic::{Keyed, KeyedBuilder};
 pub use map::KeyedStats;
 
-use crate::{Limiter, TryAcquireError, clock};
+use crate::{Limiter, Peek, TryAcquireError, clock};
 
 /// What [`KeyedFunnel`] and [`Keyed`] have in common: a limit per key,
 /// asked without waiting. Code that should work with either — like the
@@ -101,6 +101,14 @@ pub trait KeyedLimiter: Send + Sync {
     /// the capacity; [`TryAcquireError::Closed`] when the key's limiter
     /// cannot be had.
     fn try_acquire_many(&self, key: &Self::Key, n: u32) -> Result<(), TryAcquireError>;
+
+    /// What `try_acquire_many(key, n)` would answer now, and the state of
+    /// each band of `key`'s limit, without taking anything or adding the
+    /// key; `None` when the limit cannot tell. The default is `None`.
+    fn peek(&self, key: &Self::Key, n: u32) -> Option<Peek> {
+        let _ = (key, n);
+        None
+    }
 }
 
 impl<K, S> KeyedLimiter for KeyedFunnel<K, S>
@@ -112,6 +120,10 @@ where
 
     fn try_acquire_many(&self, key: &K, n: u32) -> Result<(), TryAcquireError> {
         KeyedFunnel::try_acquire_many(self, key, n)
+    }
+
+    fn peek(&self, key: &K, n: u32) -> Option<Peek> {
+        Some(KeyedFunnel::peek(self, key, n))
     }
 }
 
@@ -125,6 +137,113 @@ where
 
     fn try_acquire_many(&self, key: &K, n: u32) -> Result<(), TryAcquireError> {
         Keyed::try_acquire_many(self, key, n)
+    }
+
+    fn peek(&self, key: &K, n: u32) -> Option<Peek> {
+        Keyed::peek(self, key, n)
+    }
+}
+
+/// A limit per key that may have to ask a shared store: implemented by
+/// [`KeyedFunnel`] and [`Keyed`] (every [`KeyedLimiter`], answering at
+/// once) and by `redis::RedisFunnel` (one round trip). Code generic over
+/// it — the `tower` feature's `KeyedRateLimitLayer` — runs unchanged on a
+/// local map or on a limit shared by a fleet: moving a service from one
+/// process to many is a change of the value it is given.
+///
+/// # Examples
+///
+/// ```
+/// use tokio_ratelimit::{Rate, keyed::{AsyncKeyedLimiter, KeyedFunnel}};
+///
+/// async fn admit<L: AsyncKeyedLimiter<Key = String>>(limiter: &L, user: &str) -> bool {
+///     limiter.try_acquire_many(&user.to_owned(), 1).await.is_ok()
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let per_user: KeyedFunnel<String> =
+///     KeyedFunnel::builder().rate(Rate::per_second(1)).capacity(1).build().unwrap();
+/// assert!(admit(&per_user, "ann").await);
+/// assert!(!admit(&per_user, "ann").await);
+/// # }
+/// ```
+#[async_trait::async_trait]
+pub trait AsyncKeyedLimiter: Send + Sync {
+    /// The key type.
+    type Key: Send + Sync;
+
+    /// Takes `n` permits from `key`'s limit if it has them now (waiting
+    /// only for the store's answer, never for permits).
+    ///
+    /// # Errors
+    ///
+    /// As [`KeyedLimiter::try_acquire_many`], and
+    /// [`TryAcquireError::Unavailable`] when a shared store could not
+    /// decide and the limiter fails closed (failing open, the request is
+    /// granted and counted in the limiter's stats).
+    async fn try_acquire_many(&self, key: &Self::Key, n: u32) -> Result<(), TryAcquireError>;
+
+    /// The answer of [`try_acquire_many`](Self::try_acquire_many) when it
+    /// can be had without waiting for I/O (a local map), else `None`
+    /// without taking anything. Middleware uses it to skip boxing a future
+    /// for local limiters.
+    fn try_acquire_now(&self, key: &Self::Key, n: u32) -> Option<Result<(), TryAcquireError>> {
+        let _ = (key, n);
+        None
+    }
+
+    /// What `try_acquire_many(key, n)` would answer now, and the state of
+    /// each band of `key`'s limit, without taking anything (for a shared
+    /// store: one round trip that changes nothing); `None` when the limit
+    /// cannot tell. The default is `None`.
+    ///
+    /// # Errors
+    ///
+    /// [`TryAcquireError::Unavailable`] when a shared store could not be
+    /// asked.
+    async fn peek(&self, key: &Self::Key, n: u32) -> Result<Option<Peek>, TryAcquireError> {
+        let _ = (key, n);
+        Ok(None)
+    }
+}
+
+#[async_trait::async_trait]
+impl<L: KeyedLimiter> AsyncKeyedLimiter for L
+where
+    L::Key: Send + Sync,
+{
+    type Key = L::Key;
+
+    async fn try_acquire_many(&self, key: &Self::Key, n: u32) -> Result<(), TryAcquireError> {
+        KeyedLimiter::try_acquire_many(self, key, n)
+    }
+
+    fn try_acquire_now(&self, key: &Self::Key, n: u32) -> Option<Result<(), TryAcquireError>> {
+        Some(KeyedLimiter::try_acquire_many(self, key, n))
+    }
+
+    async fn peek(&self, key: &Self::Key, n: u32) -> Result<Option<Peek>, TryAcquireError> {
+        Ok(KeyedLimiter::peek(self, key, n))
+    }
+}
+
+/// A shared handle (`Arc<dyn AsyncKeyedLimiter<Key = K>>` picked from
+/// configuration: a local map or a shared store).
+#[async_trait::async_trait]
+impl<L: AsyncKeyedLimiter + ?Sized> AsyncKeyedLimiter for Arc<L> {
+    type Key = L::Key;
+
+    async fn try_acquire_many(&self, key: &Self::Key, n: u32) -> Result<(), TryAcquireError> {
+        (**self).try_acquire_many(key, n).await
+    }
+
+    fn try_acquire_now(&self, key: &Self::Key, n: u32) -> Option<Result<(), TryAcquireError>> {
+        (**self).try_acquire_now(key, n)
+    }
+
+    async fn peek(&self, key: &Self::Key, n: u32) -> Result<Option<Peek>, TryAcquireError> {
+        (**self).peek(key, n).await
     }
 }
 

@@ -122,6 +122,7 @@ mod error;
 mod limiter;
 mod repr;
 mod script;
+mod shared;
 mod stats;
 
 pub use self::builder::{IntoClient, RedisFunnelBuilder};

@@ -1,19 +1,23 @@
 //! The response future both services return: the inner service's future,
-//! or a refusal decided before the inner service was called.
+//! a refusal decided before the inner service was called, or (for a keyed
+//! limit in a shared store) the decision on its way, then one or the other.
 
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use futures::future::BoxFuture;
 use pin_project_lite::pin_project;
+use sync_wrapper::SyncFuture;
 
 use super::BoxError;
 
 pin_project! {
     /// The response future of [`RateLimit`](super::RateLimit) and
     /// [`KeyedRateLimit`](super::KeyedRateLimit): the inner service's
-    /// response, or the limiter's refusal (ready at once).
+    /// response, or the limiter's refusal (ready at once, or, from a limit
+    /// in a shared store, once the store has answered).
     pub struct ResponseFuture<F> {
         #[pin]
         kind: Kind<F>,
@@ -25,6 +29,8 @@ pin_project! {
     enum Kind<F> {
         Called { #[pin] future: F },
         Refused { error: Option<BoxError> },
+        // The limit's answer, then (granted) the inner service called.
+        Deciding { decision: SyncFuture<BoxFuture<'static, Result<F, BoxError>>> },
     }
 }
 
@@ -40,6 +46,16 @@ impl<F> ResponseFuture<F> {
             kind: Kind::Refused { error: Some(error) },
         }
     }
+
+    /// A decision that resolves to the inner service's future (granted) or
+    /// the refusal.
+    pub(crate) fn deciding(decision: BoxFuture<'static, Result<F, BoxError>>) -> Self {
+        ResponseFuture {
+            kind: Kind::Deciding {
+                decision: SyncFuture::new(decision),
+            },
+        }
+    }
 }
 
 impl<F, T, E> Future for ResponseFuture<F>
@@ -50,11 +66,22 @@ where
     type Output = Result<T, BoxError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project().kind.project() {
-            KindProj::Called { future } => future.poll(cx).map_err(Into::into),
-            KindProj::Refused { error } => Poll::Ready(Err(error
-                .take()
-                .expect("ResponseFuture polled after completion"))),
+        let mut kind = self.project().kind;
+        loop {
+            match kind.as_mut().project() {
+                KindProj::Called { future } => return future.poll(cx).map_err(Into::into),
+                KindProj::Refused { error } => {
+                    return Poll::Ready(Err(error
+                        .take()
+                        .expect("ResponseFuture polled after completion")));
+                }
+                KindProj::Deciding { decision } => {
+                    match std::task::ready!(Pin::new(decision).poll(cx)) {
+                        Ok(future) => kind.set(Kind::Called { future }),
+                        Err(error) => kind.set(Kind::Refused { error: Some(error) }),
+                    }
+                }
+            }
         }
     }
 }
@@ -64,6 +91,7 @@ impl<F> fmt::Debug for ResponseFuture<F> {
         let kind = match &self.kind {
             Kind::Called { .. } => "called",
             Kind::Refused { .. } => "refused",
+            Kind::Deciding { .. } => "deciding",
         };
         f.debug_struct("ResponseFuture")
             .field("kind", &kind)

@@ -12,7 +12,7 @@ use tower_service::Service;
 
 use super::{BoxError, RateLimited, ResponseFuture};
 use crate::TryAcquireError;
-use crate::keyed::KeyedLimiter;
+use crate::keyed::AsyncKeyedLimiter;
 
 /// Wraps services in [`KeyedRateLimit`]: one permit per request from the
 /// request's key, refused at once with [`RateLimited`] when over the limit.
@@ -164,9 +164,11 @@ impl<S: Clone, L: Clone, F> Clone for KeyedRateLimit<S, L, F> {
 
 impl<S, L, F, Req> Service<Req> for KeyedRateLimit<S, L, F>
 where
-    S: Service<Req>,
+    S: Service<Req> + Clone + Send + 'static,
+    S::Future: Send,
     S::Error: Into<BoxError>,
-    L: KeyedLimiter,
+    Req: Send + 'static,
+    L: AsyncKeyedLimiter + Clone + 'static,
     L::Key: fmt::Debug + Send + Sync + 'static,
     F: Fn(&Req) -> L::Key,
 {
@@ -180,16 +182,42 @@ where
 
     fn call(&mut self, request: Req) -> Self::Future {
         let key = (self.key)(&request);
-        match self.limiter.try_acquire(&key) {
-            Ok(()) => ResponseFuture::called(self.inner.call(request)),
-            Err(TryAcquireError::Limited { retry_after }) => {
-                tracing::trace!(?key, ?retry_after, "keyed rate limit layer: refused");
-                ResponseFuture::refused(Box::new(RateLimited { retry_after, key }))
+        // A local map answers at once: no future to box.
+        if let Some(answer) = self.limiter.try_acquire_now(&key, 1) {
+            return match refusal(answer, key) {
+                None => ResponseFuture::called(self.inner.call(request)),
+                Some(error) => ResponseFuture::refused(error),
+            };
+        }
+        // A shared store: the inner service that was made ready goes with
+        // the decision, and is called once the store has granted.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let limiter = self.limiter.clone();
+        ResponseFuture::deciding(Box::pin(async move {
+            let answer = limiter.try_acquire_many(&key, 1).await;
+            match refusal(answer, key) {
+                None => Ok(inner.call(request)),
+                Some(error) => Err(error),
             }
-            Err(error) => {
-                tracing::debug!(?key, %error, "keyed rate limit layer: refused");
-                ResponseFuture::refused(Box::new(error))
-            }
+        }))
+    }
+}
+
+/// The layer's error for a refused request (`None`: granted).
+fn refusal<K>(answer: Result<(), TryAcquireError>, key: K) -> Option<BoxError>
+where
+    K: fmt::Debug + Send + Sync + 'static,
+{
+    match answer {
+        Ok(()) => None,
+        Err(TryAcquireError::Limited { retry_after }) => {
+            tracing::trace!(?key, ?retry_after, "keyed rate limit layer: refused");
+            Some(Box::new(RateLimited { retry_after, key }))
+        }
+        Err(error) => {
+            tracing::debug!(?key, %error, "keyed rate limit layer: refused");
+            Some(Box::new(error))
         }
     }
 }
