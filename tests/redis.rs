@@ -518,7 +518,8 @@ async fn script_flush_is_transparent() {
             .parse::<u32>()
             .unwrap()
     };
-    assert_eq!(cached(&mut con).await, 1, "loaded once, at build");
+    // The decision's script and the peek's.
+    assert_eq!(cached(&mut con).await, 2, "loaded once each, at build");
     limiter.try_acquire_many("k", 2).await.unwrap();
     let () = cmd(&mut con, &["SCRIPT", "FLUSH"]).await;
     assert_eq!(cached(&mut con).await, 0);
@@ -528,6 +529,10 @@ async fn script_flush_is_transparent() {
         Err(RedisLimitError::Limited { .. })
     ));
     assert_eq!(cached(&mut con).await, 1);
+    // And the peek's.
+    let peek = limiter.peek("k", 1).await.unwrap();
+    assert!(!peek.is_granted());
+    assert_eq!(cached(&mut con).await, 2);
     // And for a pipelined batch.
     let () = cmd(&mut con, &["SCRIPT", "FLUSH"]).await;
     let answers = limiter.try_acquire_many_keys(&[("k", 1), ("j", 2)]).await;
