@@ -19,7 +19,7 @@ use tokio_ratelimit::algorithm::FunnelState;
 use tokio_ratelimit::redis::{
     Decision, FailurePolicy, RedisBuildError, RedisFunnel, RedisLimitError,
 };
-use tokio_ratelimit::{ConfigError, Rate, TryAcquireError};
+use tokio_ratelimit::{Band, ConfigError, Peek, Quota, Rate, TryAcquireError};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -518,7 +518,8 @@ async fn script_flush_is_transparent() {
             .parse::<u32>()
             .unwrap()
     };
-    assert_eq!(cached(&mut con).await, 1, "loaded once, at build");
+    // The decision's script and the peek's.
+    assert_eq!(cached(&mut con).await, 2, "loaded once each, at build");
     limiter.try_acquire_many("k", 2).await.unwrap();
     let () = cmd(&mut con, &["SCRIPT", "FLUSH"]).await;
     assert_eq!(cached(&mut con).await, 0);
@@ -528,6 +529,10 @@ async fn script_flush_is_transparent() {
         Err(RedisLimitError::Limited { .. })
     ));
     assert_eq!(cached(&mut con).await, 1);
+    // And the peek's.
+    let peek = limiter.peek("k", 1).await.unwrap();
+    assert!(!peek.is_granted());
+    assert_eq!(cached(&mut con).await, 2);
     // And for a pipelined batch.
     let () = cmd(&mut con, &["SCRIPT", "FLUSH"]).await;
     let answers = limiter.try_acquire_many_keys(&[("k", 1), ("j", 2)]).await;
@@ -1250,4 +1255,917 @@ fn threads_hammering_one_key_get_the_rate() {
         times.len() as u64 > granted,
         "demand did not exceed the limit"
     );
+}
+
+// Quotas (issue 13): several bands in one key, a quota per call, peek.
+
+/// A limiter of `quota` under `prefix`, failing closed.
+async fn quota_funnel(server: &RedisServer, quota: Quota, prefix: &str) -> RedisFunnel {
+    RedisFunnel::builder(server.url())
+        .quota(quota)
+        .prefix(prefix)
+        .failure_policy(FailurePolicy::Closed)
+        .timeout(ms(500))
+        .build()
+        .await
+        .unwrap()
+}
+
+/// The local reference for a quota: one `FunnelState` per band, poured all
+/// or none (clone every band, pour each, commit only if every band
+/// granted; the wait is the latest band's), as `algorithm::Bands` does.
+#[derive(Clone)]
+struct Reference {
+    quota: Quota,
+    bands: Vec<FunnelState>,
+}
+
+impl Reference {
+    fn new(quota: Quota) -> Reference {
+        let bands = quota
+            .bands()
+            .iter()
+            .map(|b| FunnelState::new(b.rate(), b.capacity()).unwrap())
+            .collect();
+        Reference { quota, bands }
+    }
+
+    /// The answer at `now`, and which bands refused.
+    fn try_pour(&mut self, now: Duration, n: u32) -> (Result<(), TryAcquireError>, Vec<bool>) {
+        let mut poured = self.bands.clone();
+        let mut wait = None;
+        let mut refused = vec![];
+        for band in &mut poured {
+            match band.try_pour(now, n) {
+                Ok(()) => refused.push(false),
+                Err(e) => {
+                    wait = wait.max(e.retry_after());
+                    refused.push(true);
+                }
+            }
+        }
+        match wait {
+            None => {
+                self.bands = poured;
+                (Ok(()), refused)
+            }
+            Some(retry_after) => (Err(TryAcquireError::Limited { retry_after }), refused),
+        }
+    }
+
+    /// What a peek at `now` must say: the answer and every band's state.
+    fn peek(&self, now: Duration, n: u32) -> (Result<(), TryAcquireError>, Vec<BandTuple>) {
+        let answer = if n == 0 {
+            Ok(())
+        } else {
+            self.clone().try_pour(now, n).0
+        };
+        let states = self
+            .bands
+            .iter()
+            .zip(self.quota.bands())
+            .map(|(b, band)| (*band, b.free(now), b.empty_at().saturating_sub(now)))
+            .collect();
+        (answer, states)
+    }
+}
+
+/// A band's state as a tuple (`BandState` is non-exhaustive):
+/// `(band, available, full_in)`.
+type BandTuple = (Band, u32, Duration);
+
+fn tuples(peek: &Peek) -> Vec<BandTuple> {
+    peek.bands()
+        .map(|s| (s.band, s.available, s.full_in))
+        .collect()
+}
+
+/// Where a replay's quota comes from: the limiter's own, or each call's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Via {
+    Own,
+    Call,
+}
+
+/// What a replay saw on one key.
+#[derive(Debug, Clone, Default)]
+struct Replayed {
+    granted: u32,
+    refused: u32,
+    /// Refusals each band took part in.
+    refused_by: Vec<u32>,
+    /// Peeks checked at a server time recovered from a band not full.
+    peeks_timed: u32,
+}
+
+async fn peek_via(l: &RedisFunnel, via: Via, key: &str, quota: &Quota, n: u32) -> Peek {
+    match via {
+        Via::Own => l.peek(key, n).await.unwrap(),
+        Via::Call => l.peek_with(key, quota, n).await.unwrap(),
+    }
+}
+
+async fn decide_via(l: &RedisFunnel, via: Via, key: &str, quota: &Quota, n: u32) -> Decision {
+    match via {
+        Via::Own => l.decide(key, n).await.unwrap(),
+        Via::Call => l.decide_with(key, quota, n).await.unwrap(),
+    }
+}
+
+/// Random requests at random instants on several keys ("lanes", each with
+/// its quota), each request preceded by a peek, decided by Redis and
+/// checked against each key's [`Reference`] at the server times: the same
+/// answers and `retry_after`, to the nanosecond. Each peek is checked at
+/// the server time it was made, recovered from a band that is not full
+/// (its `full_in` is its instant less the peek's time), or, when every
+/// band is full, against the reference's full state.
+async fn replay_lanes(
+    limiter: &RedisFunnel,
+    lanes: &[(&str, Quota)],
+    via: Via,
+    max_n: u32,
+    mut pause_us: impl FnMut(&mut Lcg) -> u64,
+    steps: usize,
+    seed: u64,
+) -> Vec<Replayed> {
+    // n = 0 asks Redis for its time and changes nothing: the origin.
+    let origin = limiter.decide("origin", 0).await.unwrap().server_time;
+    let mut refs: Vec<Reference> = lanes.iter().map(|&(_, q)| Reference::new(q)).collect();
+    let mut replayed: Vec<Replayed> = lanes
+        .iter()
+        .map(|(_, q)| Replayed {
+            refused_by: vec![0; q.bands().len()],
+            ..Replayed::default()
+        })
+        .collect();
+    let mut rng = Lcg(seed);
+    let mut last = Duration::ZERO;
+    for step in 0..steps {
+        let at_lane = usize::try_from(rng.below(lanes.len() as u64)).unwrap();
+        let (key, quota) = lanes[at_lane];
+        let n = u32::try_from(rng.below(u64::from(max_n.min(quota.capacity()))) + 1).unwrap();
+        let peek = peek_via(limiter, via, key, &quota, n).await;
+        let d = decide_via(limiter, via, key, &quota, n).await;
+        let now = d.server_time.duration_since(origin).unwrap();
+        assert!(now >= last, "server time went backwards");
+        let (r, lane) = (&mut refs[at_lane], &mut replayed[at_lane]);
+        let ctx = format!("{key} {quota:?}: step {step}, n = {n}, decided at {now:?}");
+        let timed = r
+            .bands
+            .iter()
+            .zip(peek.bands())
+            .find(|(_, s)| !s.full_in.is_zero())
+            .map(|(b, s)| b.empty_at().checked_sub(s.full_in).unwrap());
+        if let Some(at) = timed {
+            assert!(last <= at && at <= now, "{ctx}: peek at {at:?}");
+            assert_eq!(
+                r.peek(at, n),
+                (peek.answer(), tuples(&peek)),
+                "{ctx}: peek at {at:?}"
+            );
+            lane.peeks_timed += 1;
+        } else {
+            let full = r.bands.iter().map(FunnelState::empty_at).max().unwrap();
+            assert_eq!(r.peek(full, n), (peek.answer(), tuples(&peek)), "{ctx}");
+            assert!(peek.is_granted(), "{ctx}");
+        }
+        last = now;
+        let (expected, refused) = r.try_pour(now, n);
+        assert_eq!(as_try(&d), expected, "{ctx}");
+        if d.is_granted() {
+            lane.granted += 1;
+        } else {
+            lane.refused += 1;
+        }
+        for (count, refused) in lane.refused_by.iter_mut().zip(refused) {
+            *count += u32::from(refused);
+        }
+        let pause = pause_us(&mut rng);
+        if pause > 0 {
+            sleep(Duration::from_micros(pause)).await;
+        }
+    }
+    replayed
+}
+
+/// Pauses of up to `short` µs, and one in `one_in` up to `long` µs.
+fn pauses(short: u64, one_in: u64, long: u64) -> impl FnMut(&mut Lcg) -> u64 {
+    move |rng| {
+        if rng.below(one_in) == 0 {
+            rng.below(long + 1)
+        } else {
+            rng.below(short + 1)
+        }
+    }
+}
+
+/// Half the steps back to back (a sleep lasts at least a 1 ms timer tick,
+/// too long for the fast bands), a quarter up to 3 ms, a quarter up to
+/// `long` µs.
+fn bursty(long: u64) -> impl FnMut(&mut Lcg) -> u64 {
+    move |rng| match rng.below(4) {
+        0 | 1 => 0,
+        2 => rng.below(3_001),
+        _ => rng.below(long + 1),
+    }
+}
+
+fn assert_every_band_refused(seen: &Replayed, what: &str) {
+    assert!(
+        seen.granted > 0 && seen.refused > 0 && seen.refused_by.iter().all(|&c| c > 0),
+        "{what}: a replay that tests too little: {seen:?}"
+    );
+}
+
+#[tokio::test]
+async fn bands_same_numbers_as_funnel_states() {
+    let Some(server) = RedisServer::start("bands_same_numbers_as_funnel_states") else {
+        return;
+    };
+    // Two bands: thirds of 100 ms (30/s, 2 deep) and sevenths of a second
+    // (7/s, 5 deep), neither a whole number of nanoseconds.
+    let two = Quota::new(Rate::per(3, ms(100)), 2).and(Rate::per_second(7), 5);
+    let l = quota_funnel(&server, two, "b2:").await;
+    let seen = replay_lanes(
+        &l,
+        &[("k", two)],
+        Via::Own,
+        2,
+        pauses(40_000, 6, 300_000),
+        90,
+        1,
+    )
+    .await;
+    assert_every_band_refused(&seen[0], "two bands");
+    assert!(seen[0].peeks_timed > 40, "{seen:?}");
+    // Three bands: 7 per 10 ms (20 ms deep), 300/s and 150/s.
+    let three = Quota::new(Rate::per(7, ms(10)), 14)
+        .and(Rate::per(3, ms(10)), 30)
+        .and(Rate::per_second(150), 60);
+    let l = quota_funnel(&server, three, "b3:").await;
+    let seen = replay_lanes(&l, &[("k", three)], Via::Own, 7, bursty(30_000), 150, 2).await;
+    assert_every_band_refused(&seen[0], "three bands");
+    let stats = l.stats();
+    assert_eq!(
+        (stats.decisions, stats.granted, stats.limited),
+        (
+            151,
+            u64::from(seen[0].granted) + 1,
+            u64::from(seen[0].refused)
+        )
+    );
+}
+
+/// A small seeded quota of one to four bands: rates from 2 per minute to
+/// 20 000 per second, capacities 1 to 40, in random order.
+fn random_quota(rng: &mut Lcg) -> Quota {
+    let band = |rng: &mut Lcg| {
+        let rate = match rng.below(4) {
+            0 => Rate::per_minute(u32::try_from(rng.below(30) + 2).unwrap()),
+            1 => Rate::per_second(u32::try_from(rng.below(50) + 1).unwrap()),
+            2 => Rate::per(
+                u32::try_from(rng.below(20) + 1).unwrap(),
+                ms(rng.below(7) + 1),
+            ),
+            _ => Rate::per(u32::try_from(rng.below(999) + 2).unwrap(), ms(100)),
+        };
+        (rate, u32::try_from(rng.below(40) + 1).unwrap())
+    };
+    let (rate, capacity) = band(rng);
+    let mut quota = Quota::new(rate, capacity);
+    for _ in 0..rng.below(4) {
+        let (rate, capacity) = band(rng);
+        quota = quota.and(rate, capacity);
+    }
+    quota
+}
+
+#[tokio::test]
+async fn random_quotas_same_numbers_as_funnel_states() {
+    let Some(server) = RedisServer::start("random_quotas_same_numbers_as_funnel_states") else {
+        return;
+    };
+    let mut rng = Lcg(13);
+    let (mut granted, mut refused, mut bands) = (0, 0, 0);
+    for round in 0..6 {
+        let quotas = [random_quota(&mut rng), random_quota(&mut rng)];
+        bands += quotas.iter().map(|q| q.bands().len()).sum::<usize>();
+        // The limiter's own quota is neither: every call passes its own.
+        let l = funnel(
+            &server,
+            Rate::per_second(1),
+            1,
+            &format!("rq{round}:"),
+            FailurePolicy::Closed,
+        )
+        .await;
+        let lanes = [("a", quotas[0]), ("b", quotas[1])];
+        let seen = replay_lanes(
+            &l,
+            &lanes,
+            Via::Call,
+            8,
+            pauses(3_000, 10, 60_000),
+            50,
+            round,
+        )
+        .await;
+        for s in &seen {
+            granted += s.granted;
+            refused += s.refused;
+        }
+    }
+    eprintln!("random quotas: {bands} bands, {granted} granted, {refused} refused");
+    assert!(granted > 50 && refused > 50 && bands > 18);
+}
+
+/// Calls of each command since the last `CONFIG RESETSTAT` (commands a
+/// script runs are counted too), without the admin's own.
+async fn commandstats(con: &mut redis::aio::MultiplexedConnection) -> Vec<(String, u64)> {
+    let info: String = cmd(con, &["INFO", "commandstats"]).await;
+    let mut calls: Vec<(String, u64)> = info
+        .lines()
+        .filter_map(|l| l.strip_prefix("cmdstat_"))
+        .filter_map(|l| {
+            let (name, fields) = l.split_once(':')?;
+            let calls = fields.split(',').find_map(|f| f.strip_prefix("calls="))?;
+            Some((name.to_owned(), calls.parse().ok()?))
+        })
+        .filter(|(name, _)| !name.starts_with("config") && name != "info")
+        .collect();
+    calls.sort();
+    calls
+}
+
+fn stat(calls: &[(&str, u64)]) -> Vec<(String, u64)> {
+    let mut v: Vec<(String, u64)> = calls
+        .iter()
+        .filter(|&&(_, n)| n > 0)
+        .map(|&(c, n)| (c.to_owned(), n))
+        .collect();
+    v.sort();
+    v
+}
+
+#[tokio::test]
+async fn one_round_trip_per_decision_whatever_the_bands() {
+    let Some(server) = RedisServer::start("one_round_trip_per_decision_whatever_the_bands") else {
+        return;
+    };
+    let mut con = admin(&server).await;
+    let s = Rate::per_second;
+    let quotas = [
+        Quota::new(s(10), 3),
+        Quota::new(s(10), 3).and(Rate::per_minute(20), 20),
+        Quota::new(s(10), 3)
+            .and(Rate::per_minute(20), 20)
+            .and(Rate::per_hour(100), 100)
+            .and(Rate::per_day(1000), 1000),
+    ];
+    for (i, quota) in quotas.iter().enumerate() {
+        let l = quota_funnel(&server, *quota, &format!("rt{i}:")).await;
+        let _: () = cmd(&mut con, &["CONFIG", "RESETSTAT"]).await;
+        // Three granted, two refused, each one EVALSHA of one GET, and
+        // for a grant one SET and one PEXPIREAT; nothing else.
+        for _ in 0..5 {
+            let _ = l.try_acquire("k").await;
+        }
+        assert_eq!(
+            (l.stats().granted, l.stats().limited),
+            (3, 2),
+            "{} bands",
+            quota.bands().len()
+        );
+        assert_eq!(
+            commandstats(&mut con).await,
+            stat(&[
+                ("evalsha", 5),
+                ("time", 5),
+                ("get", 5),
+                ("set", 3),
+                ("pexpireat", 3)
+            ]),
+            "{} bands",
+            quota.bands().len()
+        );
+        // A peek is one EVALSHA too, of a TIME and a GET only; a call's
+        // own quota the same.
+        let _: () = cmd(&mut con, &["CONFIG", "RESETSTAT"]).await;
+        l.peek("k", 1).await.unwrap();
+        l.peek_with("k", &quotas[0], 1).await.unwrap();
+        let _ = l.try_acquire_with("j", &quotas[2], 1).await;
+        assert_eq!(
+            commandstats(&mut con).await,
+            stat(&[
+                ("evalsha", 3),
+                ("time", 3),
+                ("get", 3),
+                ("set", 1),
+                ("pexpireat", 1)
+            ])
+        );
+        // The state holds three numbers per band.
+        let state: String = cmd(&mut con, &["GET", &format!("rt{i}:k")]).await;
+        assert_eq!(state.split(' ').count(), 3 * quota.bands().len(), "{state}");
+    }
+}
+
+/// Each band's instant in a state: (whole µs, remainder, units per µs).
+fn bands_of(state: &str) -> Vec<(u64, u64, u64)> {
+    let n: Vec<u64> = state.split(' ').map(|p| p.parse().unwrap()).collect();
+    assert_eq!(n.len() % 3, 0, "{state}");
+    n.chunks(3).map(|c| (c[0], c[1], c[2])).collect()
+}
+
+/// The expiry the script sets for a state: the next whole millisecond
+/// after its latest band's whole microseconds.
+fn expiry_ms(state: &str) -> i64 {
+    let latest = bands_of(state).iter().map(|b| b.0).max().unwrap();
+    i64::try_from(latest / 1000 + 1).unwrap()
+}
+
+#[tokio::test]
+async fn ttl_is_when_every_band_has_drained() {
+    let Some(server) = RedisServer::start("ttl_is_when_every_band_has_drained") else {
+        return;
+    };
+    let mut con = admin(&server).await;
+    // The second band drains last (5 s against 500 ms); then the first
+    // (20 s against 20 ms).
+    for (prefix, quota, n, drained) in [
+        (
+            "t1:",
+            Quota::new(Rate::per_second(10), 10).and(Rate::per_minute(60), 60),
+            5,
+            ms(5000),
+        ),
+        (
+            "t2:",
+            Quota::new(Rate::per_minute(6), 2).and(Rate::per_second(100), 100),
+            2,
+            ms(20_000),
+        ),
+    ] {
+        let l = quota_funnel(&server, quota, prefix).await;
+        let d = l.decide("k", n).await.unwrap();
+        assert!(d.is_granted());
+        let key = format!("{prefix}k");
+        let state: String = cmd(&mut con, &["GET", &key]).await;
+        let at: i64 = cmd(&mut con, &["PEXPIRETIME", &key]).await;
+        assert_eq!(at, expiry_ms(&state), "{state}");
+        // That is the latest band's end, from the server time of the
+        // decision: whole microseconds (these rates), to the next ms.
+        let end = micros(d.server_time + drained);
+        assert_eq!(at, i64::try_from(end / 1000 + 1).unwrap(), "{state}");
+        let ends: Vec<u64> = bands_of(&state).iter().map(|b| b.0).collect();
+        assert_eq!(ends.iter().max(), Some(&end));
+    }
+}
+
+#[tokio::test]
+async fn two_tiers_in_one_prefix() {
+    let Some(server) = RedisServer::start("two_tiers_in_one_prefix") else {
+        return;
+    };
+    let free = Quota::new(Rate::per_second(10), 3).and(Rate::per_second(2), 6);
+    let paid = Quota::new(Rate::per_second(100), 6).and(Rate::per_second(20), 30);
+    // The limiter's own quota is the free one: `decide` and `decide_with`
+    // under it are one.
+    let l = quota_funnel(&server, free, "tier:").await;
+    let lanes = [
+        ("free:1", free),
+        ("paid:1", paid),
+        ("free:2", free),
+        ("paid:2", paid),
+    ];
+    let seen = replay_lanes(&l, &lanes, Via::Call, 5, bursty(60_000), 320, 7).await;
+    for ((key, _), s) in lanes.iter().zip(&seen) {
+        assert_every_band_refused(s, key);
+    }
+    // The paid keys got more.
+    assert!(seen[1].granted > seen[0].granted * 2, "{seen:?}");
+    // And the keys are in the one prefix, three numbers per band each.
+    let mut con = admin(&server).await;
+    for (key, quota) in lanes {
+        let state: String = cmd(&mut con, &["GET", &format!("tier:{key}")]).await;
+        assert_eq!(bands_of(&state).len(), quota.bands().len());
+    }
+}
+
+/// The exact server time, in ns since the epoch, of a peek whose band
+/// `band` of the state is not full: that band's instant (rounded up to a
+/// ns, as `full_in` is) less its `full_in`.
+fn peek_time_ns(state: &str, band: usize, peek: &Peek) -> u128 {
+    let (us, rem, unit) = bands_of(state)[band];
+    let den = u128::from(unit / 1000);
+    let instant = u128::from(us) * 1000 + u128::from(rem).div_ceil(den);
+    let full_in = peek.bands().nth(band).unwrap().full_in;
+    assert!(!full_in.is_zero());
+    instant - full_in.as_nanos()
+}
+
+fn ns(t: SystemTime) -> u128 {
+    t.duration_since(SystemTime::UNIX_EPOCH).unwrap().as_nanos()
+}
+
+#[tokio::test]
+async fn a_tier_change_keeps_each_bands_time_until_full() {
+    let Some(server) = RedisServer::start("a_tier_change_keeps_each_bands_time_until_full") else {
+        return;
+    };
+    let mut con = admin(&server).await;
+    let l = funnel(
+        &server,
+        Rate::per_second(1),
+        1,
+        "tc:",
+        FailurePolicy::Closed,
+    )
+    .await;
+
+    // Same window (1 s), same units: the fraction in use carries over.
+    let free = Quota::new(Rate::per_second(10), 10);
+    let paid = Quota::new(Rate::per_second(100), 100);
+    let a = l.decide_with("same", &free, 10).await.unwrap();
+    assert!(a.is_granted());
+    // The free band is empty until a + 1 s; under paid, 50 permits (500
+    // ms of its water) fit once 500 ms of that second has passed.
+    let b = l.decide_with("same", &paid, 50).await.unwrap();
+    let between = b.server_time.duration_since(a.server_time).unwrap();
+    assert_eq!(b.retry_after.unwrap() + between, ms(500));
+    // A peek under paid: as many permits as 10 ms have passed since `a`.
+    let state: String = cmd(&mut con, &["GET", "tc:same"]).await;
+    let peek = l.peek_with("same", &paid, 1).await.unwrap();
+    let at = peek_time_ns(&state, 0, &peek);
+    let since = at - ns(a.server_time);
+    let [paid_band] = tuples(&peek)[..] else {
+        panic!()
+    };
+    assert_eq!(paid_band.1, u32::try_from(since / 10_000_000).unwrap());
+    assert_eq!(
+        paid_band.2,
+        Duration::from_nanos(u64::try_from(1_000_000_000 - since).unwrap())
+    );
+
+    // Other units: thirds of a second read in sevenths, the instant
+    // rounded up to a whole microsecond.
+    let thirds = Quota::new(Rate::per_second(3), 3);
+    let sevenths = Quota::new(Rate::per_second(7), 7);
+    let a = l.decide_with("units", &thirds, 1).await.unwrap();
+    let b = l.decide_with("units", &sevenths, 7).await.unwrap();
+    let between = b.server_time.duration_since(a.server_time).unwrap();
+    // Empty at a + 333 333⅓ µs, read as a + 333 334 µs; 7 sevenths are a
+    // full second: they fit once it is empty.
+    assert_eq!(
+        b.retry_after.unwrap() + between,
+        Duration::from_micros(333_334)
+    );
+
+    // Fewer bands: the stored ones beyond the new quota are kept as they
+    // are, and still count in the expiry.
+    let daily = Quota::new(Rate::per_second(10), 10).and(Rate::per_day(100), 100);
+    let one = Quota::new(Rate::per_second(100), 100);
+    let a = l.decide_with("fewer", &daily, 10).await.unwrap();
+    assert!(a.is_granted());
+    let before: String = cmd(&mut con, &["GET", "tc:fewer"]).await;
+    let day_band = bands_of(&before)[1];
+    assert_eq!(day_band.0, micros(a.server_time) + 8_640_000_000); // 10 × 864 s
+    sleep(ms(20)).await;
+    let b = l.decide_with("fewer", &one, 1).await.unwrap();
+    assert!(b.is_granted());
+    let after: String = cmd(&mut con, &["GET", "tc:fewer"]).await;
+    let kept = before.split(' ').skip(3).collect::<Vec<_>>().join(" ");
+    assert!(after.ends_with(&format!(" {kept}")), "{before} → {after}");
+    assert_eq!(bands_of(&after).len(), 2);
+    let at: i64 = cmd(&mut con, &["PEXPIRETIME", "tc:fewer"]).await;
+    assert_eq!(at, i64::try_from(day_band.0 / 1000 + 1).unwrap());
+    // Back to the daily quota: the day band is as it was left, less what
+    // drained: 90 of 100.
+    let peek = l.peek_with("fewer", &daily, 1).await.unwrap();
+    let t = tuples(&peek);
+    assert_eq!(t[1].1, 90, "{t:?}");
+    let at = peek_time_ns(&after, 1, &peek);
+    assert_eq!(t[1].2.as_nanos(), u128::from(day_band.0) * 1000 - at);
+
+    // More bands: the missing ones read as empty (full of permits).
+    let peek = l
+        .peek_with("same", &paid.and(Rate::per_minute(30), 30), 1)
+        .await
+        .unwrap();
+    let t = tuples(&peek);
+    assert_eq!((t[1].1, t[1].2), (30, Duration::ZERO));
+}
+
+#[tokio::test]
+async fn peek_changes_nothing_and_agrees_with_the_next_decision() {
+    let Some(server) = RedisServer::start("peek_changes_nothing_and_agrees_with_the_next_decision")
+    else {
+        return;
+    };
+    let mut con = admin(&server).await;
+    let quota = Quota::new(Rate::per_second(3), 3).and(Rate::per_minute(10), 10);
+    let l = quota_funnel(&server, quota, "p:").await;
+    // An absent key: all full, and still absent.
+    let peek = l.peek("k", 3).await.unwrap();
+    assert!(peek.is_granted());
+    assert_eq!(
+        tuples(&peek),
+        vec![
+            (quota.bands()[0], 3, Duration::ZERO),
+            (quota.bands()[1], 10, Duration::ZERO)
+        ]
+    );
+    assert_eq!(cmd::<i64>(&mut con, &["EXISTS", "p:k"]).await, 0);
+    l.try_acquire_many("k", 3).await.unwrap();
+    let state: String = cmd(&mut con, &["GET", "p:k"]).await;
+    let expiry: i64 = cmd(&mut con, &["PEXPIRETIME", "p:k"]).await;
+    let counted = l.stats();
+    for n in [0, 1, 3, 4] {
+        let peek = l.peek("k", n).await.unwrap();
+        assert_eq!(cmd::<String>(&mut con, &["GET", "p:k"]).await, state);
+        assert_eq!(cmd::<i64>(&mut con, &["PEXPIRETIME", "p:k"]).await, expiry);
+        match n {
+            0 => assert!(peek.is_granted()),
+            4 => assert_eq!(peek.answer(), Err(TryAcquireError::InsufficientCapacity)),
+            _ => assert!(peek.retry_after().is_some()),
+        }
+    }
+    // Not counted as decisions.
+    assert_eq!(l.stats(), counted);
+    // The next decision answers what the peek said, less the server time
+    // between them, to the nanosecond.
+    let peek = l.peek("k", 1).await.unwrap();
+    let d = l.decide("k", 1).await.unwrap();
+    let at = peek_time_ns(&state, 0, &peek);
+    let between = ns(d.server_time) - at;
+    assert_eq!(
+        peek.retry_after().unwrap().as_nanos(),
+        d.retry_after.unwrap().as_nanos() + between
+    );
+    // ⅓ s per permit after the third, from the decision that took them.
+    let p = peek.retry_after().unwrap().as_nanos() + at;
+    let first = bands_of(&state)[0];
+    assert_eq!(p, u128::from(first.0) * 1000 - 666_666_666, "{state}");
+    // Granted in the peek, granted in the decision.
+    sleep(ms(400)).await;
+    assert!(l.peek("k", 1).await.unwrap().is_granted());
+    assert!(l.decide("k", 1).await.unwrap().is_granted());
+}
+
+/// The one-band script from before quotas (`tests/support/gcra_one_band.lua`).
+const ONE_BAND_SCRIPT: &str = include_str!("support/gcra_one_band.lua");
+
+#[tokio::test]
+async fn an_old_one_band_state_reads_under_two_bands() {
+    let Some(server) = RedisServer::start("an_old_one_band_state_reads_under_two_bands") else {
+        return;
+    };
+    let mut con = admin(&server).await;
+    // The old script pours one permit at 3/s, capacity 3: unit 3000, a
+    // permit 333 333 µs + 1000 units, τ 1 000 000 µs.
+    let old: (i64, i64, i64, i64) = redis::Script::new(ONE_BAND_SCRIPT)
+        .key("old:k")
+        .arg(3000)
+        .arg(333_333)
+        .arg(1000)
+        .arg(1_000_000)
+        .arg(0)
+        .invoke_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(old.0, 1);
+    let t0 = u64::try_from(old.1).unwrap();
+    let state: String = cmd(&mut con, &["GET", "old:k"]).await;
+    assert_eq!(state, format!("{} 1000 3000", t0 + 333_333));
+    // Read by a two-band quota whose first band is the same: the second
+    // reads as empty. Three do not fit the first band until ⅓ s after t0;
+    // refused, nothing written.
+    let quota = Quota::new(Rate::per_second(3), 3).and(Rate::per_minute(10), 10);
+    let l = quota_funnel(&server, quota, "old:").await;
+    let d = l.decide("k", 3).await.unwrap();
+    let since = ns(d.server_time) - u128::from(t0) * 1000;
+    assert_eq!(d.retry_after.unwrap().as_nanos() + since, 333_333_334);
+    assert_eq!(cmd::<String>(&mut con, &["GET", "old:k"]).await, state);
+    // Two fit: both bands written, the old instant carried on.
+    let d = l.decide("k", 2).await.unwrap();
+    assert!(d.is_granted());
+    let after = bands_of(&cmd::<String>(&mut con, &["GET", "old:k"]).await);
+    assert_eq!(after[0], (t0 + 1_000_000, 0, 3000)); // ⅓ s + ⅔ s
+    assert_eq!(after[1], (micros(d.server_time) + 12_000_000, 0, 1000)); // 2 × 6 s
+    // The old script still reads what a one-band limiter writes now.
+    let l1 = funnel(
+        &server,
+        Rate::per_second(3),
+        3,
+        "new:",
+        FailurePolicy::Closed,
+    )
+    .await;
+    l1.try_acquire_many("k", 3).await.unwrap();
+    let old: (i64, i64, i64, i64) = redis::Script::new(ONE_BAND_SCRIPT)
+        .key("new:k")
+        .arg(3000)
+        .arg(333_333)
+        .arg(1000)
+        .arg(1_000_000)
+        .arg(0)
+        .invoke_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(old.0, 0, "full: the old script refuses too");
+}
+
+#[tokio::test]
+async fn quota_bad_input() {
+    let Some(server) = RedisServer::start("quota_bad_input") else {
+        return;
+    };
+    let mut con = admin(&server).await;
+    let url = server.url();
+    let per_s = Rate::per_second;
+    let with = |q: Quota| RedisFunnel::builder(url.as_str()).quota(q).clone();
+    let config = |r: Result<RedisFunnel, RedisBuildError>| match r {
+        Err(RedisBuildError::Config(e)) => e,
+        other => panic!("{other:?}"),
+    };
+    // A quota and a rate or capacity; too many bands; a zero capacity in
+    // any band; a band too deep for the script's exact arithmetic.
+    let two = Quota::new(per_s(10), 10).and(Rate::per_day(1000), 1000);
+    assert!(matches!(
+        config(with(two).rate(per_s(1)).build().await),
+        ConfigError::InvalidParameter { name: "quota", .. }
+    ));
+    assert!(matches!(
+        config(with(two).capacity(3).build().await),
+        ConfigError::InvalidParameter { name: "quota", .. }
+    ));
+    let five = two.and(per_s(1), 1).and(per_s(2), 2).and(per_s(3), 3);
+    assert!(matches!(
+        config(with(five).build().await),
+        ConfigError::InvalidParameter { name: "quota", .. }
+    ));
+    assert_eq!(
+        config(with(two.and(per_s(5), 0)).build().await),
+        ConfigError::ZeroCapacity
+    );
+    let yearly = Rate::every(Duration::from_secs(365 * 86_400));
+    let deep = two.and(yearly, 100);
+    assert!(matches!(
+        config(with(deep).build().await),
+        ConfigError::InvalidParameter {
+            name: "capacity",
+            ..
+        }
+    ));
+    // The same quotas passed with a call: `InvalidQuota`, without asking
+    // Redis, and never granted by the open policy.
+    let l = RedisFunnel::builder(url.as_str())
+        .quota(two)
+        .prefix("bad:")
+        .failure_policy(FailurePolicy::Open)
+        .build()
+        .await
+        .unwrap();
+    let _: () = cmd(&mut con, &["CONFIG", "RESETSTAT"]).await;
+    for (q, expected) in [
+        (five, None),
+        (two.and(per_s(5), 0), Some(ConfigError::ZeroCapacity)),
+        (deep, None),
+    ] {
+        let e = l.try_acquire_with("k", &q, 1).await.unwrap_err();
+        let RedisLimitError::InvalidQuota(config) = e else {
+            panic!("{e:?}")
+        };
+        if let Some(expected) = expected {
+            assert_eq!(config, expected);
+        }
+        assert!(!e.is_backend_failure());
+        assert!(e.to_string().starts_with("invalid quota: "), "{e}");
+        assert!(std::error::Error::source(&e).is_some());
+        assert!(matches!(
+            l.acquire_with("k", &q, 1).await,
+            Err(RedisLimitError::InvalidQuota(_))
+        ));
+        assert!(matches!(
+            l.decide_with("k", &q, 1).await,
+            Err(RedisLimitError::InvalidQuota(_))
+        ));
+        assert!(matches!(
+            l.peek_with("k", &q, 1).await,
+            Err(RedisLimitError::InvalidQuota(_))
+        ));
+    }
+    // n above the smallest capacity: at once, whatever the larger bands.
+    let wide = Quota::new(per_s(10), 5).and(Rate::per_day(1000), 1000);
+    for r in [
+        l.try_acquire_with("k", &wide, 6).await,
+        l.acquire_with("k", &wide, 6).await,
+        l.decide_with("k", &wide, 6).await.map(|_| ()),
+        l.try_acquire_many("k", 11).await,
+        l.decide("k", 11).await.map(|_| ()),
+    ] {
+        assert!(
+            matches!(r, Err(RedisLimitError::InsufficientCapacity)),
+            "{r:?}"
+        );
+    }
+    assert_eq!(
+        commandstats(&mut con).await,
+        vec![],
+        "nothing asked of Redis"
+    );
+    assert_eq!(l.stats(), tokio_ratelimit::redis::RedisStats::default());
+    // A peek of more than the capacity still reads the bands.
+    let peek = l.peek_with("k", &wide, 6).await.unwrap();
+    assert_eq!(peek.answer(), Err(TryAcquireError::InsufficientCapacity));
+    assert_eq!(peek.bands().count(), 2);
+}
+
+#[tokio::test]
+async fn a_day_long_band_next_to_a_nanosecond_band() {
+    let Some(server) = RedisServer::start("a_day_long_band_next_to_a_nanosecond_band") else {
+        return;
+    };
+    let mut con = admin(&server).await;
+    // The finest scale there is (a prime count per 7 s, 1.6 ns per permit)
+    // next to a day-long band: exact, each in its own units.
+    let finest = Rate::per(4_294_967_291, Duration::from_secs(7));
+    let mixed = Quota::new(finest, 7).and(Rate::every(Duration::from_secs(86_400)), 2);
+    let l = quota_funnel(&server, mixed, "mixed:").await;
+    let seen = replay_lanes(&l, &[("k", mixed)], Via::Own, 2, |_| 0, 12, 5).await;
+    assert!(seen[0].granted >= 1 && seen[0].refused > 0, "{seen:?}");
+    let first = l.decide("j", 2).await.unwrap();
+    let next = l.decide("j", 1).await.unwrap();
+    let between = next.server_time.duration_since(first.server_time).unwrap();
+    assert_eq!(
+        next.retry_after.unwrap() + between,
+        Duration::from_secs(86_400)
+    );
+    let state: String = cmd(&mut con, &["GET", "mixed:j"]).await;
+    let stored = bands_of(&state);
+    assert_eq!(stored[0].2, 4_294_967_291_000, "{state}");
+    assert_eq!(
+        stored[1],
+        (micros(first.server_time) + 2 * 86_400_000_000, 0, 1000)
+    );
+}
+
+#[tokio::test]
+async fn killed_server_peek_and_bands_by_policy() {
+    let Some(mut server) = RedisServer::start("killed_server_peek_and_bands_by_policy") else {
+        return;
+    };
+    let quota = Quota::new(Rate::per_second(1), 2).and(Rate::per_minute(3), 3);
+    let mut builder = RedisFunnel::builder(server.url());
+    builder.quota(quota).prefix("kq:").timeout(ms(200));
+    let open = builder
+        .failure_policy(FailurePolicy::Open)
+        .build()
+        .await
+        .unwrap();
+    let closed = builder
+        .failure_policy(FailurePolicy::Closed)
+        .build()
+        .await
+        .unwrap();
+    assert!(open.try_acquire("k").await.is_ok());
+    assert!(open.peek("k", 1).await.unwrap().is_granted());
+    server.kill();
+    let start = Instant::now();
+    for l in [&open, &closed] {
+        // A look cannot be granted: an error whatever the policy.
+        let e = l.peek("k", 1).await.unwrap_err();
+        assert!(e.is_backend_failure(), "{e:?}");
+        let e = l
+            .peek_with("k", &Quota::new(Rate::per_second(5), 5), 1)
+            .await
+            .unwrap_err();
+        assert!(e.is_backend_failure(), "{e:?}");
+        // A call's invalid quota is still the caller's error.
+        let bad = Quota::new(Rate::per_second(5), 0);
+        assert!(matches!(
+            l.try_acquire_with("k", &bad, 1).await,
+            Err(RedisLimitError::InvalidQuota(_))
+        ));
+    }
+    // Two-band decisions: granted by the open policy (even past the
+    // capacity of every band), refused by the closed one.
+    for _ in 0..3 {
+        open.try_acquire_many("k", 2).await.unwrap();
+        open.try_acquire_with("k", &quota, 2).await.unwrap();
+        let e = closed.try_acquire_many("k", 2).await.unwrap_err();
+        assert!(e.is_backend_failure(), "{e:?}");
+        let e = closed.acquire_with("k", &quota, 1).await.unwrap_err();
+        assert!(e.is_backend_failure(), "{e:?}");
+    }
+    assert!(start.elapsed() < ms(3000), "{:?}", start.elapsed());
+    let (o, c) = (open.stats(), closed.stats());
+    // Peeks are not decisions: only the 6 failed decisions each count.
+    assert_eq!((o.granted, o.backend_errors, o.fail_open_grants), (1, 6, 6));
+    assert_eq!((c.granted, c.backend_errors, c.fail_open_grants), (0, 6, 0));
+    // Back up: a fresh server, empty keys.
+    server.restart();
+    assert!(closed.decide("k", 2).await.unwrap().is_granted());
+    let peek = closed.peek("k", 1).await.unwrap();
+    assert_eq!(tuples(&peek)[1].1, 1);
 }

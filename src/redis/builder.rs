@@ -10,12 +10,11 @@ use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use ::redis::{Client, RedisResult, Script};
 
 use super::limiter::Inner;
-use super::repr::Encoding;
-use super::script::SCRIPT;
+use super::repr::Encoded;
+use super::script::{PEEK_SCRIPT, SCRIPT};
 use super::stats::Counters;
 use super::{FailurePolicy, RedisBuildError, RedisFunnel};
-use crate::algorithm::Params;
-use crate::{ConfigError, Rate, clock};
+use crate::{ConfigError, Quota, Rate, clock};
 
 /// Where a [`RedisFunnel`] connects: a [`redis::Client`],
 /// or anything the `redis` crate opens one from (a URL as `&str` or
@@ -66,6 +65,7 @@ pub struct RedisFunnelBuilder {
     client: RedisResult<Client>,
     rate: Option<Rate>,
     capacity: Option<u32>,
+    quota: Option<Quota>,
     prefix: String,
     policy: FailurePolicy,
     timeout: Duration,
@@ -79,6 +79,7 @@ impl RedisFunnelBuilder {
             client,
             rate: None,
             capacity: None,
+            quota: None,
             prefix: "rl:".to_owned(),
             policy: FailurePolicy::default(),
             timeout: Duration::from_millis(200),
@@ -86,7 +87,8 @@ impl RedisFunnelBuilder {
         }
     }
 
-    /// The leak rate of every key's funnel (required).
+    /// The leak rate of every key's funnel: a one-band quota (this, or a
+    /// [`quota`](Self::quota), is required).
     pub fn rate(&mut self, rate: Rate) -> &mut Self {
         self.rate = Some(rate);
         self
@@ -96,6 +98,36 @@ impl RedisFunnelBuilder {
     /// rate's permits per period.
     pub fn capacity(&mut self, capacity: u32) -> &mut Self {
         self.capacity = Some(capacity);
+        self
+    }
+
+    /// Every key's quota, all its bands (instead of a
+    /// [`rate`](Self::rate) and a [`capacity`](Self::capacity)): a request
+    /// is granted only if every band grants it. All the bands of a key live
+    /// in its one Redis key and are decided by one script call, in one
+    /// round trip. Calls that pass a quota of their own
+    /// ([`try_acquire_with`](RedisFunnel::try_acquire_with) and the other
+    /// `_with` methods) use theirs instead.
+    ///
+    /// ```no_run
+    /// use tokio_ratelimit::{Quota, Rate};
+    /// use tokio_ratelimit::redis::RedisFunnel;
+    ///
+    /// # #[tokio::main]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // 20 per second with bursts of 40, and 10 000 per day.
+    /// let free = Quota::new(Rate::per_second(20), 40).and(Rate::per_day(10_000), 10_000);
+    /// let limiter = RedisFunnel::builder("redis://127.0.0.1:6379/")
+    ///     .quota(free)
+    ///     .build()
+    ///     .await?;
+    /// assert_eq!(limiter.quota(), free);
+    /// assert_eq!(limiter.capacity(), 40);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn quota(&mut self, quota: Quota) -> &mut Self {
+        self.quota = Some(quota);
         self
     }
 
@@ -128,14 +160,18 @@ impl RedisFunnelBuilder {
         self
     }
 
-    /// Connects, loads the script (`SCRIPT LOAD`), and returns the limiter.
+    /// Connects, loads the scripts (`SCRIPT LOAD`: the decision's and the
+    /// peek's), and returns the limiter.
     ///
     /// # Errors
     ///
-    /// [`RedisBuildError::Config`]: [`ConfigError::MissingRate`],
-    /// [`ConfigError::InvalidRate`], [`ConfigError::ZeroCapacity`],
-    /// [`ConfigError::InvalidParameter`] for a zero timeout or a bucket
-    /// deeper than 2⁵⁰ µs (`capacity × interval`). [`RedisBuildError::Redis`]
+    /// [`RedisBuildError::Config`]: [`ConfigError::MissingRate`] (neither a
+    /// rate nor a quota), [`ConfigError::InvalidRate`],
+    /// [`ConfigError::ZeroCapacity`] (of any band),
+    /// [`ConfigError::InvalidParameter`] for a quota given with a rate or a
+    /// capacity, a quota of more than [`Quota::MAX_BANDS`] bands, a zero
+    /// timeout, or a band deeper than 2⁵⁰ µs (`capacity × interval`).
+    /// [`RedisBuildError::Redis`]
     /// for an invalid URL or a Redis that refuses the connection or the
     /// script; [`RedisBuildError::Timeout`] when it does not answer within
     /// the connect timeout.
@@ -144,9 +180,8 @@ impl RedisFunnelBuilder {
     ///
     /// Dropping the future leaves nothing behind but the loaded script.
     pub async fn build(&self) -> Result<RedisFunnel, RedisBuildError> {
-        let rate = self.rate.ok_or(ConfigError::MissingRate)?;
-        let params = Params::new(rate, self.capacity.unwrap_or(rate.permits()))?;
-        let encoding = Encoding::new(params)?;
+        let quota = Quota::configured(self.rate, self.capacity, self.quota)?;
+        let encoded = Encoded::new(&quota)?;
         for (name, t) in [
             ("timeout", self.timeout),
             ("connect_timeout", self.connect_timeout),
@@ -172,8 +207,14 @@ impl RedisFunnelBuilder {
             .set_number_of_retries(0);
         let mut conn = ConnectionManager::new_lazy_with_config(client, config)
             .map_err(RedisBuildError::Redis)?;
-        let script = Script::new(SCRIPT);
-        match clock::timeout(self.connect_timeout, script.load_async(&mut conn)).await {
+        let (script, peek_script) = (Script::new(SCRIPT), Script::new(PEEK_SCRIPT));
+        // Both loaded now, so that a first decision or peek is one round
+        // trip too.
+        let load = async {
+            script.load_async(&mut conn).await?;
+            peek_script.load_async(&mut conn).await
+        };
+        match clock::timeout(self.connect_timeout, load).await {
             Ok(Ok(_)) => {}
             Ok(Err(e)) if !e.is_timeout() => return Err(RedisBuildError::Redis(e)),
             // The connection attempt has the same timeout as ours, and
@@ -188,8 +229,8 @@ impl RedisFunnelBuilder {
             inner: Arc::new(Inner {
                 conn,
                 script,
-                encoding,
-                rate,
+                peek_script,
+                encoded,
                 prefix: self.prefix.clone(),
                 policy: self.policy,
                 timeout: self.timeout,
@@ -214,6 +255,7 @@ mod tests {
         assert!(b.client.is_ok());
         assert!(b.rate.is_none());
         assert!(b.capacity.is_none());
+        assert!(b.quota.is_none());
         assert_eq!(b.prefix, "rl:");
         assert_eq!(b.policy, FailurePolicy::Open);
         assert_eq!(b.timeout, Duration::from_millis(200));

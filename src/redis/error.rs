@@ -41,8 +41,17 @@ pub enum RedisLimitError {
         retry_after: Duration,
     },
     /// More permits were asked for than the limiter can ever grant at once
-    /// (`n > capacity`). Decided locally, without asking Redis.
+    /// (`n >` the quota's capacity, its smallest band's). Decided locally,
+    /// without asking Redis.
     InsufficientCapacity,
+    /// The quota passed with the call (`try_acquire_with` and the other
+    /// `_with` methods) is invalid: what a builder given it would refuse
+    /// (a zero capacity, an invalid rate, more than
+    /// [`Quota::MAX_BANDS`](crate::Quota::MAX_BANDS) bands, a band deeper
+    /// than the script represents exactly). Decided locally, without asking
+    /// Redis, and never granted by [`FailurePolicy::Open`]: it is the
+    /// caller's error, not the backend's.
+    InvalidQuota(ConfigError),
     /// Redis did not answer within the limiter's decision timeout.
     Timeout {
         /// The timeout that passed.
@@ -77,6 +86,7 @@ impl fmt::Display for RedisLimitError {
             Self::InsufficientCapacity => {
                 f.write_str("more permits requested than the limiter's capacity")
             }
+            Self::InvalidQuota(e) => write!(f, "invalid quota: {e}"),
             Self::Timeout { timeout } => write!(f, "redis did not decide within {timeout:?}"),
             Self::Backend(e) => write!(f, "redis failed to decide: {e}"),
         }
@@ -87,6 +97,7 @@ impl std::error::Error for RedisLimitError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Self::Backend(e) => Some(e),
+            Self::InvalidQuota(e) => Some(e),
             _ => None,
         }
     }
@@ -96,8 +107,8 @@ impl std::error::Error for RedisLimitError {
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum RedisBuildError {
-    /// The rate, capacity or another option is invalid, or beyond what the
-    /// script represents exactly.
+    /// The rate, capacity, quota or another option is invalid, or beyond
+    /// what the script represents exactly.
     Config(ConfigError),
     /// The URL is invalid, or Redis refused the connection or the script.
     Redis(RedisError),

@@ -1,67 +1,128 @@
--- tokio-ratelimit: one funnel (GCRA) decision, atomically, on the server's clock.
+-- tokio-ratelimit: one funnel (GCRA) decision over every band of a quota,
+-- atomically, on the server's clock.
 --
 -- Every time is a pair (us, rem) = us * unit + rem scaled units, where unit is
--- the number of scaled units in a microsecond and 0 <= rem < unit: integers
--- below 2^53 that Lua's doubles add, subtract and compare exactly (see
--- src/redis/repr.rs). Numbers are written with %.0f, never tostring (which
--- keeps only 14 digits).
+-- the number of scaled units in a microsecond (its band's) and 0 <= rem < unit:
+-- integers below 2^53 that Lua's doubles add, subtract and compare exactly
+-- (see src/redis/repr.rs). Numbers are written with %.0f, never tostring
+-- (which keeps only 14 digits).
 --
--- KEYS[1]  the key's state: "<tat_us> <tat_rem> <unit>", the theoretical
---          arrival time (when the funnel is empty), absolute; absent = empty.
--- ARGV     unit, cost_us, cost_rem, tau_us, tau_rem
--- Returns  {1, now_us, 0, 0} when granted (n = 0 only reads),
---          {0, now_us, wait_us, wait_rem} when refused.
+-- KEYS[1]  the key's state: "<us> <rem> <unit>" per band, space separated,
+--          each band's theoretical arrival time (when it is empty), absolute;
+--          absent = every band empty. A band beyond the ones stored reads as
+--          empty; stored bands beyond ARGV's are written back as they are.
+-- ARGV     per band: unit, cost_us, cost_rem, tau_us, tau_rem
+-- Returns  {1, now_us} when every band grants (n = 0 only reads), then every
+--          band is written; {0, now_us, wait_us, wait_rem, ...} when some band
+--          refuses: each band's wait in its own units (0, 0 where it grants),
+--          nothing written.
 
-local unit = tonumber(ARGV[1])
-local cost_us, cost_rem = tonumber(ARGV[2]), tonumber(ARGV[3])
-local tau_us, tau_rem = tonumber(ARGV[4]), tonumber(ARGV[5])
+local bands = #ARGV / 5
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 
--- base = max(tat, now)
-local b_us, b_rem = now, 0
+-- The stored bands: s_us[i], s_rem[i], s_unit[i]; kept = where the bands
+-- beyond ours start in the string (nil: none).
 local state = redis.call('GET', KEYS[1])
+local s_us, s_rem, s_unit = {}, {}, {}
+local stored, kept = 0, nil
 if state then
-  local s_us, s_rem, s_unit = string.match(state, '^(%d+) (%d+) (%d+)$')
-  if not s_us then
-    return redis.error_reply('tokio-ratelimit: malformed state at ' .. KEYS[1])
+  local pos, len = 1, #state
+  while true do
+    local _, e, a, b, c = string.find(state, '^(%d+) (%d+) (%d+)', pos)
+    if e then
+      a, b, c = tonumber(a), tonumber(b), tonumber(c)
+    end
+    if not e or b >= c or (e < len and (e + 1 == len or string.byte(state, e + 1) ~= 32)) then
+      return redis.error_reply('tokio-ratelimit: malformed state at ' .. KEYS[1])
+    end
+    stored = stored + 1
+    s_us[stored], s_rem[stored], s_unit[stored] = a, b, c
+    if e == len then
+      break
+    end
+    pos = e + 2
+    if stored == bands then
+      kept = pos
+    end
   end
-  s_us, s_rem, s_unit = tonumber(s_us), tonumber(s_rem), tonumber(s_unit)
-  if s_unit ~= unit and s_rem > 0 then
-    -- Written by a limiter with another rate: its fraction of a microsecond
-    -- is in other units. Round the instant up (never frees water).
-    s_us, s_rem = s_us + 1, 0
+end
+
+if ARGV[2] == '0' and ARGV[3] == '0' then
+  return {1, now}
+end
+
+-- Each band: end = max(tat, now) + cost; water = end - now (now is whole
+-- microseconds); it fits when water <= tau, else waits water - tau.
+local e_us, e_rem, w = {}, {}, {}
+local refused = false
+for i = 1, bands do
+  local k = (i - 1) * 5
+  local unit = tonumber(ARGV[k + 1])
+  local tau_us, tau_rem = tonumber(ARGV[k + 4]), tonumber(ARGV[k + 5])
+  local b_us, b_rem = now, 0
+  if i <= stored then
+    local u, r = s_us[i], s_rem[i]
+    if s_unit[i] ~= unit and r > 0 then
+      -- Written under another rate: its fraction of a microsecond is in
+      -- other units. Round the instant up (never frees water).
+      u, r = u + 1, 0
+    end
+    if u > now or (u == now and r > 0) then
+      b_us, b_rem = u, r
+    end
   end
-  if s_us > now or (s_us == now and s_rem > 0) then
-    b_us, b_rem = s_us, s_rem
+  local x_us, x_rem = b_us + tonumber(ARGV[k + 2]), b_rem + tonumber(ARGV[k + 3])
+  if x_rem >= unit then
+    x_us, x_rem = x_us + 1, x_rem - unit
+  end
+  e_us[i], e_rem[i] = x_us, x_rem
+  local w_us = x_us - now
+  if w_us < tau_us or (w_us == tau_us and x_rem <= tau_rem) then
+    w[2 * i - 1], w[2 * i] = 0, 0
+  else
+    local r_us, r_rem = w_us - tau_us, x_rem - tau_rem
+    if r_rem < 0 then
+      r_us, r_rem = r_us - 1, r_rem + unit
+    end
+    w[2 * i - 1], w[2 * i] = r_us, r_rem
+    refused = true
   end
 end
 
-if cost_us == 0 and cost_rem == 0 then
-  return {1, now, 0, 0}
+if refused then
+  local reply = {0, now}
+  for i = 1, 2 * bands do
+    reply[i + 2] = w[i]
+  end
+  return reply
 end
 
--- end = base + cost
-local e_us, e_rem = b_us + cost_us, b_rem + cost_rem
-if e_rem >= unit then
-  e_us, e_rem = e_us + 1, e_rem - unit
+-- Granted: every band written, and the key expires once every band has
+-- drained: at or after the latest end, in whole milliseconds
+-- (floor(us / 1000) + 1 >= ceil(end), as the state would read as empty from
+-- then on anyway). Kept bands count too.
+local last = 0
+local out = ''
+for i = 1, bands do
+  local unit = ARGV[(i - 1) * 5 + 1]
+  if i > 1 then
+    out = out .. ' '
+  end
+  out = out .. string.format('%.0f %.0f ', e_us[i], e_rem[i]) .. unit
+  if e_us[i] > last then
+    last = e_us[i]
+  end
 end
-
--- water = end - now (now is whole microseconds); it fits when water <= tau.
-local w_us = e_us - now
-if w_us < tau_us or (w_us == tau_us and e_rem <= tau_rem) then
-  redis.call('SET', KEYS[1], string.format('%.0f %.0f %.0f', e_us, e_rem, unit))
-  -- Expire once the funnel has drained: at or after `end`, in whole
-  -- milliseconds (floor(e_us / 1000) + 1 >= ceil(end); the state would read
-  -- as empty from `end` on anyway).
-  redis.call('PEXPIREAT', KEYS[1], string.format('%.0f', math.floor(e_us / 1000) + 1))
-  return {1, now, 0, 0}
+if kept then
+  out = out .. ' ' .. string.sub(state, kept)
+  for i = bands + 1, stored do
+    if s_us[i] > last then
+      last = s_us[i]
+    end
+  end
 end
-
--- wait = water - tau
-local r_us, r_rem = w_us - tau_us, e_rem - tau_rem
-if r_rem < 0 then
-  r_us, r_rem = r_us - 1, r_rem + unit
-end
-return {0, now, r_us, r_rem}
+redis.call('SET', KEYS[1], out)
+redis.call('PEXPIREAT', KEYS[1], string.format('%.0f', math.floor(last / 1000) + 1))
+return {1, now}

@@ -10,11 +10,12 @@ use std::time::{Duration, SystemTime};
 use ::redis::aio::ConnectionManager;
 use ::redis::{ErrorKind, RedisError, Script};
 
-use super::repr::Encoding;
+use super::repr::Encoded;
 use super::script::Answer;
+use super::state;
 use super::stats::Counters;
 use super::{IntoClient, RedisFunnelBuilder, RedisLimitError, RedisStats};
-use crate::{Rate, clock};
+use crate::{Peek, Quota, Rate, clock};
 
 /// The funnel per key, its state in Redis: one limit shared by every
 /// process that uses the same server and prefix.
@@ -32,8 +33,9 @@ pub struct RedisFunnel {
 pub(super) struct Inner {
     pub(super) conn: ConnectionManager,
     pub(super) script: Script,
-    pub(super) encoding: Encoding,
-    pub(super) rate: Rate,
+    pub(super) peek_script: Script,
+    /// The quota of every call that does not pass its own.
+    pub(super) encoded: Encoded,
     pub(super) prefix: String,
     pub(super) policy: FailurePolicy,
     pub(super) timeout: Duration,
@@ -77,7 +79,8 @@ impl Decision {
 impl RedisFunnel {
     /// A builder that will connect to `client` (a
     /// [`redis::Client`] or a URL such as
-    /// `"redis://127.0.0.1:6379/"`); [`rate`](RedisFunnelBuilder::rate) is required.
+    /// `"redis://127.0.0.1:6379/"`); a [`rate`](RedisFunnelBuilder::rate) or a
+    /// [`quota`](RedisFunnelBuilder::quota) is required.
     pub fn builder(client: impl IntoClient) -> RedisFunnelBuilder {
         RedisFunnelBuilder::new(client.into_client())
     }
@@ -95,27 +98,107 @@ impl RedisFunnel {
         self.try_acquire_many(key, 1).await
     }
 
-    /// Pours `n` units into `key`'s funnel if they fit now, in one round
-    /// trip. `n = 0` succeeds without asking Redis.
+    /// Pours `n` units into every band of `key`'s funnel if they fit in
+    /// every band now, in one round trip (one script call, whatever the
+    /// number of bands); a request some band refuses changes no band.
+    /// `n = 0` succeeds without asking Redis.
     ///
     /// # Errors
     ///
-    /// [`RedisLimitError::Limited`] with the exact time until they would
-    /// fit; [`RedisLimitError::InsufficientCapacity`] when `n` exceeds the
-    /// capacity (without asking Redis). Under [`FailurePolicy::Closed`],
-    /// [`RedisLimitError::Timeout`] or [`RedisLimitError::Backend`] when
-    /// Redis could not decide.
+    /// [`RedisLimitError::Limited`] with the exact time until every band
+    /// would let them in (the latest of the bands' waits);
+    /// [`RedisLimitError::InsufficientCapacity`] when `n` exceeds the
+    /// capacity, the smallest band's (without asking Redis). Under
+    /// [`FailurePolicy::Closed`], [`RedisLimitError::Timeout`] or
+    /// [`RedisLimitError::Backend`] when Redis could not decide.
     ///
     /// # Cancel safety
     ///
     /// Dropping the future while its script is in flight may spend the
     /// permits without using them (Redis may already have decided).
     pub async fn try_acquire_many(&self, key: &str, n: u32) -> Result<(), RedisLimitError> {
-        if let Some(local) = self.local(n) {
+        self.try_acquire_encoded(key, &self.inner.encoded, n).await
+    }
+
+    /// As [`try_acquire_many`](Self::try_acquire_many), under `quota`
+    /// instead of the limiter's own: a quota per call, so that keys of
+    /// different tiers (free and paid) share one prefix. Nothing of the
+    /// quota is stored in Redis — a key's state holds only its bands'
+    /// instants — so a key costs the same whatever the number of tiers in
+    /// use: 3 numbers per band, about 25 bytes of string each.
+    ///
+    /// # Tier changes
+    ///
+    /// A key decided under one quota and then another (its tier changed)
+    /// keeps, band by band, the instant at which its band is full again:
+    /// the new quota's band `i` starts from the stored band `i`'s instant.
+    /// So the *time until the band is full again* carries over, not its
+    /// count of permits; for two tiers whose band has the same window
+    /// (capacity ÷ rate, say 10/s with a burst of 10 and 100/s with a burst
+    /// of 100) that is the fraction of the band in use, Bucket4j's
+    /// `PROPORTIONALLY`. A band whose time left exceeds the new band's
+    /// depth is over-full: it grants again once enough has drained. An
+    /// instant written under a rate of other units (another reduced
+    /// denominator) is rounded up to the next whole microsecond. Stored
+    /// bands beyond the new quota's are kept as they are — written back
+    /// unchanged and counted in the key's expiry — so a key moved to a
+    /// quota of fewer bands and back finds them as it left them (drained
+    /// meanwhile); bands the state lacks read as full (empty of water).
+    ///
+    /// # Errors
+    ///
+    /// As [`try_acquire_many`](Self::try_acquire_many), with the capacity
+    /// `quota`'s; and [`RedisLimitError::InvalidQuota`] when `quota` is one
+    /// a builder would refuse, decided without asking Redis (and never
+    /// granted by [`FailurePolicy::Open`]).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`try_acquire_many`](Self::try_acquire_many).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use tokio_ratelimit::{Quota, Rate};
+    /// use tokio_ratelimit::redis::RedisFunnel;
+    ///
+    /// # #[tokio::main]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let free = Quota::new(Rate::per_second(20), 40).and(Rate::per_day(10_000), 10_000);
+    /// let paid = Quota::new(Rate::per_second(200), 400).and(Rate::per_day(100_000), 100_000);
+    /// let limiter = RedisFunnel::builder("redis://127.0.0.1:6379/")
+    ///     .quota(free)
+    ///     .prefix("rl:api:")
+    ///     .build()
+    ///     .await?;
+    /// # let is_paid = |_: &str| false;
+    /// let key = "user:42";
+    /// let quota = if is_paid(key) { &paid } else { &free };
+    /// limiter.try_acquire_with(key, quota, 1).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn try_acquire_with(
+        &self,
+        key: &str,
+        quota: &Quota,
+        n: u32,
+    ) -> Result<(), RedisLimitError> {
+        let quota = self.encode(quota)?;
+        self.try_acquire_encoded(key, &quota, n).await
+    }
+
+    async fn try_acquire_encoded(
+        &self,
+        key: &str,
+        quota: &Encoded,
+        n: u32,
+    ) -> Result<(), RedisLimitError> {
+        if let Some(local) = local(quota, n) {
             return local;
         }
-        match self.eval(key, n).await {
-            Ok(answer) => self.answered(answer),
+        match self.eval(key, quota, n).await {
+            Ok(answer) => self.answered(answer, quota),
             Err(e) => self.failed(e, 1),
         }
     }
@@ -133,10 +216,10 @@ impl RedisFunnel {
         self.acquire_many(key, 1).await
     }
 
-    /// Waits until `n` units fit in `key`'s funnel, and pours them: asks,
-    /// sleeps the `retry_after` Redis answered, asks again. Waiters are not
-    /// queued (there is no queue shared by the replicas): one that loses a
-    /// race sleeps again.
+    /// Waits until `n` units fit in every band of `key`'s funnel, and
+    /// pours them: asks, sleeps the `retry_after` Redis answered, asks
+    /// again. Waiters are not queued (there is no queue shared by the
+    /// replicas): one that loses a race sleeps again.
     ///
     /// # Errors
     ///
@@ -150,8 +233,40 @@ impl RedisFunnel {
     /// Dropping the future while it sleeps spends nothing; while a script
     /// is in flight, as [`try_acquire_many`](Self::try_acquire_many).
     pub async fn acquire_many(&self, key: &str, n: u32) -> Result<(), RedisLimitError> {
+        self.acquire_encoded(key, &self.inner.encoded, n).await
+    }
+
+    /// As [`acquire_many`](Self::acquire_many), under `quota` instead of
+    /// the limiter's own (the quota is checked once, before the first
+    /// ask); see [`try_acquire_with`](Self::try_acquire_with) for tiers.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_many`](Self::acquire_many), with the capacity
+    /// `quota`'s; and [`RedisLimitError::InvalidQuota`] at once for a quota
+    /// a builder would refuse.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire_many`](Self::acquire_many).
+    pub async fn acquire_with(
+        &self,
+        key: &str,
+        quota: &Quota,
+        n: u32,
+    ) -> Result<(), RedisLimitError> {
+        let quota = self.encode(quota)?;
+        self.acquire_encoded(key, &quota, n).await
+    }
+
+    async fn acquire_encoded(
+        &self,
+        key: &str,
+        quota: &Encoded,
+        n: u32,
+    ) -> Result<(), RedisLimitError> {
         loop {
-            match self.try_acquire_many(key, n).await {
+            match self.try_acquire_encoded(key, quota, n).await {
                 Err(RedisLimitError::Limited { retry_after }) => {
                     clock::sleep(retry_after).await;
                 }
@@ -160,8 +275,8 @@ impl RedisFunnel {
         }
     }
 
-    /// Decides many requests, each on its own key's funnel, in one
-    /// pipelined round trip: `requests[i] = (key, n)` gets `answers[i]`,
+    /// Decides many requests, each on its own key's funnel under the
+    /// limiter's quota, in one pipelined round trip: `requests[i] = (key, n)` gets `answers[i]`,
     /// what [`try_acquire_many`](Self::try_acquire_many)`(key, n)` would
     /// have answered. The same key may appear more than once; its requests
     /// are decided in order.
@@ -176,8 +291,9 @@ impl RedisFunnel {
         &self,
         requests: &[(&str, u32)],
     ) -> Vec<Result<(), RedisLimitError>> {
+        let quota = &self.inner.encoded;
         let mut answers: Vec<Option<Result<(), RedisLimitError>>> =
-            requests.iter().map(|&(_, n)| self.local(n)).collect();
+            requests.iter().map(|&(_, n)| local(quota, n)).collect();
         let asked: Vec<(&str, u32)> = requests
             .iter()
             .zip(&answers)
@@ -189,10 +305,12 @@ impl RedisFunnel {
             let mut decided = match clock::timeout(self.inner.timeout, batch).await {
                 Ok(Ok(replies)) => replies
                     .into_iter()
-                    .map(|r| match r.and_then(Answer::parse) {
-                        Ok(answer) => self.answered(answer),
-                        Err(e) => self.failed(self.backend(e), 1),
-                    })
+                    .map(
+                        |r| match r.and_then(|r| Answer::parse(&r, quota.bands().len())) {
+                            Ok(answer) => self.answered(answer, quota),
+                            Err(e) => self.failed(self.backend(e), 1),
+                        },
+                    )
                     .collect(),
                 Ok(Err(e)) => self.failed_all(&self.backend(e), asked.len()),
                 Err(_) => self.failed_all(&self.timed_out(), asked.len()),
@@ -235,14 +353,48 @@ impl RedisFunnel {
     ///
     /// As [`try_acquire_many`](Self::try_acquire_many).
     pub async fn decide(&self, key: &str, n: u32) -> Result<Decision, RedisLimitError> {
-        if n > self.capacity() {
+        self.decide_encoded(key, &self.inner.encoded, n).await
+    }
+
+    /// As [`decide`](Self::decide), under `quota` instead of the limiter's
+    /// own; see [`try_acquire_with`](Self::try_acquire_with) for tiers.
+    ///
+    /// # Errors
+    ///
+    /// As [`decide`](Self::decide), with the capacity `quota`'s; and
+    /// [`RedisLimitError::InvalidQuota`] for a quota a builder would refuse
+    /// (without asking Redis).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`try_acquire_many`](Self::try_acquire_many).
+    pub async fn decide_with(
+        &self,
+        key: &str,
+        quota: &Quota,
+        n: u32,
+    ) -> Result<Decision, RedisLimitError> {
+        let quota = self.encode(quota)?;
+        self.decide_encoded(key, &quota, n).await
+    }
+
+    async fn decide_encoded(
+        &self,
+        key: &str,
+        quota: &Encoded,
+        n: u32,
+    ) -> Result<Decision, RedisLimitError> {
+        if n > quota.capacity() {
             return Err(RedisLimitError::InsufficientCapacity);
         }
-        match self.eval(key, n).await {
+        match self.eval(key, quota, n).await {
             Ok(answer) => {
                 // Counted (and logged) like any decision; a refusal is a
                 // value here, not an error.
-                let retry_after = self.answered(answer).err().and_then(|e| e.retry_after());
+                let retry_after = self
+                    .answered(answer, quota)
+                    .err()
+                    .and_then(|e| e.retry_after());
                 Ok(Decision {
                     retry_after,
                     server_time: SystemTime::UNIX_EPOCH + Duration::from_micros(answer.now_us),
@@ -255,19 +407,115 @@ impl RedisFunnel {
         }
     }
 
+    /// What [`try_acquire_many`](Self::try_acquire_many)`(key, n)` would
+    /// answer now, and each band's permits available and time until full
+    /// again, without taking anything: what the `RateLimit` response
+    /// headers and dashboards need.
+    ///
+    /// One round trip that changes nothing in Redis, not even the key's
+    /// expiry: a read-only script returns the server's `TIME` and the key's
+    /// state, and the answer is computed here, exactly as the decision
+    /// script would compute it at that server time (the same parsing, the
+    /// same instants, the same rounding up of an instant in other units).
+    /// The answer is only a forecast: another replica may take the permits
+    /// before this one asks for them.
+    ///
+    /// `n = 0` is granted, and `n` above the capacity answers
+    /// [`InsufficientCapacity`](crate::TryAcquireError::InsufficientCapacity),
+    /// both after reading the bands (the look is what a peek is for). A
+    /// peek is not a decision: it is not counted in [`stats`](Self::stats),
+    /// and the failure policy does not apply to it (a look cannot be
+    /// granted).
+    ///
+    /// # Errors
+    ///
+    /// [`RedisLimitError::Timeout`] or [`RedisLimitError::Backend`] (for a
+    /// malformed state too) when Redis could not be read, whatever the
+    /// failure policy.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future changes nothing.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use tokio_ratelimit::{Quota, Rate};
+    /// use tokio_ratelimit::redis::RedisFunnel;
+    ///
+    /// # #[tokio::main]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = RedisFunnel::builder("redis://127.0.0.1:6379/")
+    ///     .quota(Quota::new(Rate::per_second(20), 40).and(Rate::per_day(10_000), 10_000))
+    ///     .build()
+    ///     .await?;
+    /// let peek = limiter.peek("user:42", 1).await?;
+    /// for band in peek.bands() {
+    ///     // RateLimit: limit=…, remaining=…, reset=…
+    ///     println!("{} of {} left, full in {:?}", band.available, band.band.capacity(), band.full_in);
+    /// }
+    /// if let Some(wait) = peek.retry_after() {
+    ///     println!("the next request would wait {wait:?}");
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn peek(&self, key: &str, n: u32) -> Result<Peek, RedisLimitError> {
+        self.peek_encoded(key, &self.inner.encoded, n).await
+    }
+
+    /// As [`peek`](Self::peek), under `quota` instead of the limiter's own
+    /// (the stored bands read as [`try_acquire_with`](Self::try_acquire_with)
+    /// reads them under a new tier).
+    ///
+    /// # Errors
+    ///
+    /// As [`peek`](Self::peek); and [`RedisLimitError::InvalidQuota`] for a
+    /// quota a builder would refuse (without asking Redis).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future changes nothing.
+    pub async fn peek_with(
+        &self,
+        key: &str,
+        quota: &Quota,
+        n: u32,
+    ) -> Result<Peek, RedisLimitError> {
+        let quota = self.encode(quota)?;
+        self.peek_encoded(key, &quota, n).await
+    }
+
+    async fn peek_encoded(
+        &self,
+        key: &str,
+        quota: &Encoded,
+        n: u32,
+    ) -> Result<Peek, RedisLimitError> {
+        let (now_us, stored) = self.look(key).await?;
+        Ok(state::peek(quota, &stored, now_us, n))
+    }
+
     /// The counters of this limiter and its clones.
     pub fn stats(&self) -> RedisStats {
         self.inner.counters.snapshot()
     }
 
-    /// The leak rate.
+    /// The leak rate: the first band's, for a quota of several.
     pub fn rate(&self) -> Rate {
-        self.inner.rate
+        self.inner.encoded.quota().bands()[0].rate()
     }
 
-    /// Each key's capacity, in units.
+    /// Each key's capacity, in units: the largest request, which is the
+    /// smallest band's capacity for a quota of several.
     pub fn capacity(&self) -> u32 {
-        self.inner.encoding.params().capacity()
+        self.inner.encoded.capacity()
+    }
+
+    /// The quota of every call that does not pass its own: every band (one
+    /// for a rate and a capacity).
+    pub fn quota(&self) -> Quota {
+        *self.inner.encoded.quota()
     }
 
     /// The prefix of every Redis key.
@@ -293,19 +541,20 @@ impl RedisFunnel {
         self.inner.timeout
     }
 
-    /// A request decided without Redis.
-    fn local(&self, n: u32) -> Option<Result<(), RedisLimitError>> {
-        if n > self.capacity() {
-            Some(Err(RedisLimitError::InsufficientCapacity))
-        } else if n == 0 {
-            Some(Ok(()))
+    /// `quota` as the script sees it, checked. The limiter's own is
+    /// encoded already; another costs a few hundred nanoseconds at most,
+    /// next to a round trip's tens of microseconds, so nothing is cached.
+    fn encode(&self, quota: &Quota) -> Result<Encoded, RedisLimitError> {
+        if quota == self.inner.encoded.quota() {
+            Ok(self.inner.encoded)
         } else {
-            None
+            Encoded::new(quota).map_err(RedisLimitError::InvalidQuota)
         }
     }
 
-    /// Counts Redis's answer and turns it into the caller's.
-    fn answered(&self, answer: Answer) -> Result<(), RedisLimitError> {
+    /// Counts Redis's answer to a decision under `quota` and turns it into
+    /// the caller's.
+    fn answered(&self, answer: Answer, quota: &Encoded) -> Result<(), RedisLimitError> {
         let c = &self.inner.counters;
         c.decisions.fetch_add(1, Ordering::Relaxed);
         if !self.inner.healthy.load(Ordering::Relaxed)
@@ -319,7 +568,7 @@ impl RedisFunnel {
         } else {
             c.limited.fetch_add(1, Ordering::Relaxed);
             Err(RedisLimitError::Limited {
-                retry_after: self.inner.encoding.retry_after(answer.wait),
+                retry_after: quota.retry_after(&answer.waits),
             })
         }
     }
@@ -368,11 +617,22 @@ impl RedisFunnel {
 impl fmt::Debug for RedisFunnel {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisFunnel")
-            .field("rate", &self.inner.rate)
-            .field("capacity", &self.capacity())
+            .field("quota", self.inner.encoded.quota())
             .field("prefix", &self.inner.prefix)
             .field("policy", &self.inner.policy)
             .field("timeout", &self.inner.timeout)
             .finish_non_exhaustive()
+    }
+}
+
+/// A request decided without Redis: `n = 0`, or more than `quota`'s
+/// capacity.
+fn local(quota: &Encoded, n: u32) -> Option<Result<(), RedisLimitError>> {
+    if n > quota.capacity() {
+        Some(Err(RedisLimitError::InsufficientCapacity))
+    } else if n == 0 {
+        Some(Ok(()))
+    } else {
+        None
     }
 }

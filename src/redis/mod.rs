@@ -6,12 +6,14 @@
 //! Redis, so every replica that points at the same server and prefix draws
 //! from one budget per key. It is the same meter as [`Funnel`](crate::Funnel)
 //! and [`KeyedFunnel`](crate::keyed::KeyedFunnel) — the same exact numbers
-//! for the same arrivals — with `try_acquire` answering
-//! `Limited { retry_after }` for a 429.
+//! for the same arrivals, for a rate and a capacity or a [`Quota`] of
+//! several bands — with `try_acquire` answering `Limited { retry_after }`
+//! for a 429, a quota per call for tiers, and a [`peek`](RedisFunnel::peek)
+//! for the `RateLimit` headers.
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use tokio_ratelimit::Rate;
+//! use tokio_ratelimit::{Quota, Rate};
 //! use tokio_ratelimit::redis::{FailurePolicy, RedisFunnel, RedisLimitError};
 //!
 //! # #[tokio::main]
@@ -32,6 +34,12 @@
 //! // Several decisions in one round trip.
 //! let answers = per_user.try_acquire_many_keys(&[("user:1", 1), ("user:2", 3)]).await;
 //! assert_eq!(answers.len(), 2);
+//! // A paid key's own quota, in the same prefix: 100/s and 100 000 a day.
+//! let paid = Quota::new(Rate::per_second(100), 200).and(Rate::per_day(100_000), 100_000);
+//! per_user.try_acquire_with("user:7", &paid, 1).await?;
+//! // What is left, without taking anything.
+//! let left = per_user.peek_with("user:7", &paid, 1).await?;
+//! assert_eq!(left.bands().count(), 2);
 //! println!("{:?}", per_user.stats()); // decisions, limited, backend errors, ...
 //! # Ok(())
 //! # }
@@ -39,15 +47,24 @@
 //!
 //! # The model
 //!
-//! * **GCRA per key.** A key's whole state is one instant, its theoretical
-//!   arrival time (when its funnel will be empty), stored under
-//!   `prefix + key` as a short string. A request for `n` permits fits when
+//! * **GCRA per key and band.** A key's whole state is one instant per band
+//!   of its quota, the band's theoretical arrival time (when that band will
+//!   be empty), all stored under `prefix + key` as one short string. A
+//!   request for `n` permits fits a band when
 //!   `max(tat, now) + n × interval − now ≤ capacity × interval`; if it does
-//!   not, the excess is exactly `retry_after`. This is
+//!   not, the excess is exactly that band's wait. This is
 //!   [`algorithm::FunnelState::try_pour`](crate::algorithm::FunnelState::try_pour),
-//!   instant for instant.
-//! * **One round trip, atomic.** Each decision is one Lua script, loaded once
-//!   (`SCRIPT LOAD`, at build) and run by its hash (`EVALSHA`); after a
+//!   instant for instant, in every band.
+//! * **Every band, or none.** A request is granted only if every band
+//!   grants it, and then every band is written; a request any band refuses
+//!   writes nothing. `retry_after` is the latest of the bands' waits, each
+//!   rounded up to a nanosecond: exactly what a local
+//!   [`Funnel`](crate::Funnel) built from the same quota answers.
+//! * **One round trip, atomic.** Each decision is one Lua script call,
+//!   whatever the number of bands (all of a key's bands live in its one
+//!   key, so the script touches one key, as Redis Cluster requires). It
+//!   is loaded once (`SCRIPT LOAD`, at build) and run by its hash
+//!   (`EVALSHA`); after a
 //!   `SCRIPT FLUSH` or a server restart the `NOSCRIPT` answer makes the
 //!   client load it again and retry, transparently. Redis runs a script
 //!   alone, so concurrent replicas never interleave within a decision.
@@ -58,20 +75,43 @@
 //!   the limit. (Allowed since Redis 5, where scripts replicate their
 //!   effects; Redis 5 or later is required.)
 //! * **Memory follows active keys.** Each write sets the key to expire just
-//!   after its theoretical arrival time, at the next whole millisecond: once
-//!   the funnel has drained, its state is indistinguishable from no state,
-//!   and Redis drops it.
+//!   after its latest band's theoretical arrival time, at the next whole
+//!   millisecond: once every band has drained, its state is
+//!   indistinguishable from no state, and Redis drops it. A key costs one
+//!   Redis string of three numbers per band (about 25 bytes each).
+//! * **Tiers: a quota per call.** [`try_acquire_with`](RedisFunnel::try_acquire_with)
+//!   and the other `_with` methods take the quota with the call, so free
+//!   and paid keys share one prefix. No quota is stored: a key's state is
+//!   its instants and their units only, whatever the number of tiers.
+//!   When a key's tier changes, each band's instant (when that band is
+//!   full again) carries over to the new quota's band of the same index:
+//!   the time until the band is full is kept — for bands with the same
+//!   window (capacity ÷ rate) the fraction in use, Bucket4j's
+//!   `PROPORTIONALLY`. An instant in other units is rounded up to a whole
+//!   microsecond; stored bands beyond the new quota's count are kept
+//!   unchanged (and still count in the expiry); missing ones read as
+//!   empty. See [`try_acquire_with`](RedisFunnel::try_acquire_with).
+//! * **A look without taking.** [`peek`](RedisFunnel::peek) is one round
+//!   trip of a read-only script (`TIME` and `GET`) that changes nothing,
+//!   not even the key's expiry; the answer — what a decision would say at
+//!   that server time, and each band's permits available and time until
+//!   full — is computed here, exactly as the script would.
 //! * **Exact arithmetic.** Lua numbers are doubles, exact for integers below
 //!   2⁵³, and `TIME` has microseconds. The script keeps every instant as
 //!   whole microseconds plus a remainder in the crate's scaled units (`1/den`
 //!   ns, where `num/den` ns is the interval in lowest terms), and only adds,
 //!   subtracts and compares such pairs, so every value stays an exact
-//!   integer. The one limit this imposes: `capacity × interval` at most
-//!   2⁵⁰ µs (35.7 years of drain time); `build()` refuses deeper buckets
-//!   with a [`ConfigError`] rather than round. The state string is
-//!   `"<µs> <remainder> <units per µs>"`; a limiter with another rate that
-//!   finds a key written by this one reads its instant rounded up to the
-//!   next microsecond.
+//!   integer; each band is computed in its own units, and numbers of two
+//!   bands are never combined there (their waits are compared here,
+//!   exactly). The one limit this imposes: each band's
+//!   `capacity × interval` at most 2⁵⁰ µs (35.7 years of drain time);
+//!   `build()` refuses deeper bands with a [`ConfigError`] rather than
+//!   round (and a call's own quota with
+//!   [`RedisLimitError::InvalidQuota`]). The state string is
+//!   `"<µs> <remainder> <units per µs>"` per band, space separated — a
+//!   one-band state is the format from before quotas, which reads as it
+//!   did; a limiter with another rate that finds a key written by this one
+//!   reads its instant rounded up to the next microsecond.
 //!
 //! # When Redis fails
 //!
@@ -83,7 +123,9 @@
 //! [`RedisLimitError::Backend`] or [`RedisLimitError::Timeout`], never with
 //! `Limited`. Either way it is counted in [`RedisStats::backend_errors`],
 //! and the first failure after a success (and the recovery) is logged at
-//! `warn` (`info`) level through `tracing`. The connection is a
+//! `warn` (`info`) level through `tracing`. A [`peek`](RedisFunnel::peek)
+//! is not a decision: Redis failing to answer it is an error whatever the
+//! policy (a look cannot be granted), and it is not counted. The connection is a
 //! [`redis::aio::ConnectionManager`], which reconnects on its own; it is set
 //! to make one connection attempt per reconnection, without backoff, so
 //! while Redis refuses connections a decision fails at once (in about a
@@ -116,6 +158,8 @@
 
 #[cfg(doc)]
 use crate::ConfigError;
+#[cfg(doc)]
+use crate::Quota;
 
 mod builder;
 mod error;
@@ -123,6 +167,7 @@ mod limiter;
 mod repr;
 mod script;
 mod shared;
+mod state;
 mod stats;
 
 pub use self::builder::{IntoClient, RedisFunnelBuilder};

@@ -18,17 +18,27 @@
 //! * `now = (TIME seconds × 10⁶ + TIME microseconds, 0)`;
 //! * the cost of `n` permits (`n × num`) and the bucket's depth τ
 //!   (`capacity × num`) are computed here in `u128` and sent already split;
-//! * a key's state is its theoretical arrival time as an absolute pair.
+//! * a key's state is one theoretical arrival time per band, each an
+//!   absolute pair in its band's own units.
 //!
-//! The one bound: τ must be at most [`MAX_TAU_US`] microseconds (2⁵⁰ µs,
-//! about 35.7 years of drain time), which keeps `now + 2τ` below 2⁵³ for
-//! two centuries. Configurations beyond it are refused at build with a
-//! [`ConfigError`], never rounded.
+//! A quota of several bands changes nothing in this argument: the script
+//! computes each band on its own, in its own units (its `unit` is sent with
+//! it), and never combines two bands' numbers. Only the decision (granted
+//! when every band grants) and the expiry (the latest `us` of any band, a
+//! comparison of whole microseconds) look across bands; the waits of
+//! different bands are compared here, in Rust, after each is turned into
+//! exact nanoseconds ([`Encoded::retry_after`]).
+//!
+//! The one bound: each band's τ must be at most [`MAX_TAU_US`] microseconds
+//! (2⁵⁰ µs, about 35.7 years of drain time), which keeps `now + 2τ` below
+//! 2⁵³ for two centuries. Configurations beyond it are refused with a
+//! [`ConfigError`] (at build, or for a quota passed with a call, before
+//! asking Redis), never rounded.
 
 use std::time::Duration;
 
-use crate::ConfigError;
-use crate::algorithm::Params;
+use crate::algorithm::{MAX_BANDS, Params};
+use crate::{ConfigError, Quota};
 
 /// The deepest bucket the script represents exactly, in microseconds of
 /// drain time (2⁵⁰ µs ≈ 35.7 years).
@@ -94,8 +104,13 @@ impl Encoding {
         self.split(self.params.cost(n))
     }
 
-    #[expect(clippy::cast_possible_truncation, reason = "checked by `new`: ≤ τ")]
-    fn split(&self, scaled: u128) -> Split {
+    /// A span or an instant of the script in scaled units, split. The
+    /// script's numbers are below 2⁵³ µs, so `us` fits.
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "below 2^53 µs: costs and τ checked by `new`, instants and waits the script's"
+    )]
+    pub(crate) fn split(&self, scaled: u128) -> Split {
         let unit = u128::from(self.unit);
         Split {
             us: (scaled / unit) as u64,
@@ -115,8 +130,68 @@ impl Encoding {
     }
 }
 
+/// A quota as the script sees it: each band's [`Encoding`], in the
+/// quota's order, every band's τ checked.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Encoded {
+    quota: Quota,
+    bands: [Encoding; MAX_BANDS],
+    len: usize,
+}
+
+impl Encoded {
+    /// Checks every band: a valid rate and capacity, at most
+    /// [`Quota::MAX_BANDS`] bands, each τ within [`MAX_TAU_US`].
+    pub(crate) fn new(quota: &Quota) -> Result<Encoded, ConfigError> {
+        let params = quota.params()?;
+        let first = Encoding::new(params[0])?;
+        let mut bands = [first; MAX_BANDS];
+        for (slot, p) in bands.iter_mut().zip(&params).skip(1) {
+            *slot = Encoding::new(*p)?;
+        }
+        Ok(Encoded {
+            quota: *quota,
+            bands,
+            len: params.len(),
+        })
+    }
+
+    /// The quota encoded.
+    pub(crate) fn quota(&self) -> &Quota {
+        &self.quota
+    }
+
+    /// Each band's encoding, in order.
+    pub(crate) fn bands(&self) -> &[Encoding] {
+        &self.bands[..self.len]
+    }
+
+    /// The most permits one request may take: the smallest capacity.
+    pub(crate) fn capacity(&self) -> u32 {
+        self.bands()
+            .iter()
+            .map(|e| e.params().capacity())
+            .min()
+            .unwrap_or(0)
+    }
+
+    /// The script's per-band waits (in band order; zero where the band
+    /// grants) as the crate's `retry_after`: the latest of the bands' waits,
+    /// each rounded up to the nanosecond — what the local multi-band meter
+    /// answers.
+    pub(crate) fn retry_after(&self, waits: &[Split]) -> Duration {
+        self.bands()
+            .iter()
+            .zip(waits)
+            .map(|(e, &w)| e.retry_after(w))
+            .max()
+            .unwrap_or(Duration::ZERO)
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::super::state::{self, Stored};
     use super::*;
     use crate::Rate;
 
@@ -124,43 +199,64 @@ mod tests {
         Encoding::new(Params::new(rate, capacity).unwrap()).unwrap()
     }
 
-    /// The script's arithmetic, as Lua runs it: in doubles. Returns the new
-    /// state (granted) or the wait (refused), both as pairs.
+    /// A stored band as Lua holds it: `(us, rem, unit)` in doubles.
+    type LuaBand = (f64, f64, f64);
+
+    /// The script's arithmetic, as Lua runs it: in doubles, band by band
+    /// (the loop of `gcra.lua`). Returns every band's new state, the
+    /// stored bands beyond the quota kept (granted), or every band's wait
+    /// (refused), as pairs.
     #[expect(
         clippy::cast_precision_loss,
         clippy::float_cmp,
         reason = "Lua computes in doubles; the values are whole and below 2^53"
     )]
     fn script(
-        e: &Encoding,
-        state: Option<(f64, f64)>,
+        q: &Encoded,
+        state: &[LuaBand],
         now_us: u64,
         n: u32,
-    ) -> Result<(f64, f64), (f64, f64)> {
-        let unit = e.unit() as f64;
-        let cost = e.cost(n);
-        let (cost_us, cost_rem) = (cost.us as f64, cost.rem as f64);
-        let (tau_us, tau_rem) = (e.tau().us as f64, e.tau().rem as f64);
+    ) -> Result<Vec<LuaBand>, Vec<(f64, f64)>> {
         let now = now_us as f64;
-        let (mut b_us, mut b_rem) = (now, 0.0);
-        if let Some((s_us, s_rem)) = state {
-            if s_us > now || (s_us == now && s_rem > 0.0) {
-                (b_us, b_rem) = (s_us, s_rem);
+        let mut ends = vec![];
+        let mut waits = vec![];
+        let mut refused = false;
+        for (i, e) in q.bands().iter().enumerate() {
+            let unit = e.unit() as f64;
+            let cost = e.cost(n);
+            let (cost_us, cost_rem) = (cost.us as f64, cost.rem as f64);
+            let (tau_us, tau_rem) = (e.tau().us as f64, e.tau().rem as f64);
+            let (mut b_us, mut b_rem) = (now, 0.0);
+            if let Some(&(mut u, mut r, s_unit)) = state.get(i) {
+                if s_unit != unit && r > 0.0 {
+                    (u, r) = (u + 1.0, 0.0);
+                }
+                if u > now || (u == now && r > 0.0) {
+                    (b_us, b_rem) = (u, r);
+                }
+            }
+            let (mut e_us, mut e_rem) = (b_us + cost_us, b_rem + cost_rem);
+            if e_rem >= unit {
+                (e_us, e_rem) = (e_us + 1.0, e_rem - unit);
+            }
+            ends.push((e_us, e_rem, unit));
+            let w_us = e_us - now;
+            if w_us < tau_us || (w_us == tau_us && e_rem <= tau_rem) {
+                waits.push((0.0, 0.0));
+            } else {
+                let (mut r_us, mut r_rem) = (w_us - tau_us, e_rem - tau_rem);
+                if r_rem < 0.0 {
+                    (r_us, r_rem) = (r_us - 1.0, r_rem + unit);
+                }
+                waits.push((r_us, r_rem));
+                refused = true;
             }
         }
-        let (mut e_us, mut e_rem) = (b_us + cost_us, b_rem + cost_rem);
-        if e_rem >= unit {
-            (e_us, e_rem) = (e_us + 1.0, e_rem - unit);
+        if refused {
+            return Err(waits);
         }
-        let w_us = e_us - now;
-        if w_us < tau_us || (w_us == tau_us && e_rem <= tau_rem) {
-            return Ok((e_us, e_rem));
-        }
-        let (mut r_us, mut r_rem) = (w_us - tau_us, e_rem - tau_rem);
-        if r_rem < 0.0 {
-            (r_us, r_rem) = (r_us - 1.0, r_rem + unit);
-        }
-        Err((r_us, r_rem))
+        ends.extend(state.iter().skip(q.bands().len()));
+        Ok(ends)
     }
 
     #[expect(
@@ -168,21 +264,41 @@ mod tests {
         clippy::cast_sign_loss,
         reason = "asserted whole, non-negative and below 2^53 first"
     )]
+    fn whole(x: f64) -> u64 {
+        assert!(x >= 0.0 && x < 2f64.powi(53) && x.fract() == 0.0, "{x}");
+        x as u64
+    }
+
     fn back(x: (f64, f64)) -> Split {
-        assert!(x.0 >= 0.0 && x.0 < 2f64.powi(53) && x.0.fract() == 0.0);
-        assert!(x.1 >= 0.0 && x.1 < 2f64.powi(53) && x.1.fract() == 0.0);
         Split {
-            us: x.0 as u64,
-            rem: x.1 as u64,
+            us: whole(x.0),
+            rem: whole(x.1),
         }
     }
 
-    /// Replays random arrivals through the double-precision script and the
-    /// crate's exact `u128` GCRA from an epoch-sized origin: identical
-    /// decisions, states and waits.
-    fn agree(rate: Rate, capacity: u32, step_us: u64, seed: u64) {
-        let encoding = enc(rate, capacity);
-        let params = *encoding.params();
+    fn back_band(x: LuaBand) -> Stored {
+        Stored {
+            us: whole(x.0),
+            rem: whole(x.1),
+            unit: whole(x.2),
+        }
+    }
+
+    #[expect(clippy::cast_precision_loss, reason = "whole and below 2^53")]
+    fn lua(s: Stored) -> LuaBand {
+        (s.us as f64, s.rem as f64, s.unit as f64)
+    }
+
+    /// Replays random arrivals from an epoch-sized origin through three
+    /// meters: the double-precision script, [`state::pour`] (the exact Rust
+    /// model a peek uses), and the crate's exact GCRA band by band, with a
+    /// refusal of any band committing none: identical decisions, states
+    /// and waits, and `retry_after` that of the local multi-band meter.
+    /// Every `switch` steps the quota changes to the next of `quotas` (a
+    /// tier change: the stored instants carry over, rounded up to a whole
+    /// µs when the units differ; bands beyond the new quota are kept).
+    fn agree_tiers(quotas: &[Quota], switch: usize, step_us: u64, seed: u64) -> (u32, u32) {
+        let encoded: Vec<Encoded> = quotas.iter().map(|q| Encoded::new(q).unwrap()).collect();
         let epoch_us: u64 = 1_712_345_678_901_234; // a 2024 server clock
         let mut seed = seed;
         let mut next = move || {
@@ -191,30 +307,102 @@ mod tests {
                 .wrapping_add(1_442_695_040_888_963_407);
             seed >> 33
         };
-        let mut state: Option<(f64, f64)> = None;
-        let mut tat: u128 = 0; // the crate's state, relative to the epoch
+        let mut lua_state: Vec<LuaBand> = vec![];
+        let mut state: Vec<Stored> = vec![];
         let mut now_us = epoch_us;
-        for _ in 0..5000 {
+        let (mut granted, mut refused) = (0, 0);
+        for step in 0..5000 {
+            let q = &encoded[(step / switch) % encoded.len()];
             now_us += next() % (step_us + 1);
-            let units = u32::try_from(next() % u64::from(capacity.min(5)) + 1).unwrap();
-            let rel = params.scale_nanos(u128::from(now_us - epoch_us) * 1000);
-            let exact = params.try_pour(tat, rel, units);
-            match (script(&encoding, state, now_us, units), exact) {
-                (Ok(s), Ok(end)) => {
-                    // Same instant: the script's is absolute, the crate's
-                    // relative to the epoch.
-                    let abs = encoding.join(back(s));
-                    assert_eq!(abs - params.scale_nanos(u128::from(epoch_us) * 1000), end);
-                    state = Some(s);
-                    tat = end;
+            let units = u32::try_from(next() % u64::from(q.capacity().min(5)) + 1).unwrap();
+            // The reference: each band's exact GCRA on the stored instants
+            // read in its units.
+            let mut reference = Ok(vec![]);
+            let mut waits = vec![];
+            for (i, e) in q.bands().iter().enumerate() {
+                let p = e.params();
+                let now = u128::from(now_us) * u128::from(e.unit());
+                let tat = state.get(i).map_or(0, |s| {
+                    if s.unit == e.unit() {
+                        u128::from(s.us) * u128::from(e.unit()) + u128::from(s.rem)
+                    } else {
+                        u128::from(s.us + u64::from(s.rem > 0)) * u128::from(e.unit())
+                    }
+                });
+                match p.try_pour(tat, now, units) {
+                    Ok(end) => {
+                        waits.push(0);
+                        if let Ok(ends) = &mut reference {
+                            ends.push(end);
+                        }
+                    }
+                    Err(short) => {
+                        waits.push(short);
+                        reference = Err(());
+                    }
                 }
-                (Err(w), Err(wait)) => {
-                    assert_eq!(encoding.join(back(w)), wait);
-                    assert_eq!(encoding.retry_after(back(w)), params.duration_ceil(wait));
+            }
+            let model = state::pour(q, &state, now_us, units);
+            let peeked = state::peek(q, &state, now_us, units);
+            match (script(q, &lua_state, now_us, units), reference) {
+                (Ok(lua_after), Ok(ends)) => {
+                    let lua_after: Vec<Stored> = lua_after.into_iter().map(back_band).collect();
+                    for ((e, &end), s) in q.bands().iter().zip(&ends).zip(&lua_after) {
+                        assert_eq!(
+                            e.join(Split {
+                                us: s.us,
+                                rem: s.rem
+                            }),
+                            end
+                        );
+                        assert_eq!(s.unit, e.unit());
+                    }
+                    assert_eq!(
+                        lua_after[ends.len()..],
+                        state.get(ends.len()..).unwrap_or(&[])[..]
+                    );
+                    assert_eq!(model.as_ref(), Ok(&lua_after));
+                    assert!(peeked.is_granted());
+                    lua_state = lua_after.iter().copied().map(lua).collect();
+                    state = lua_after;
+                    granted += 1;
+                }
+                (Err(lua_waits), Err(())) => {
+                    let lua_waits: Vec<Split> = lua_waits.into_iter().map(back).collect();
+                    for ((e, &w), s) in q.bands().iter().zip(&waits).zip(&lua_waits) {
+                        assert_eq!(e.join(*s), w);
+                    }
+                    assert_eq!(model.as_ref(), Err(&lua_waits));
+                    // The local meter's wait: the latest band's, each
+                    // rounded up to a nanosecond.
+                    let local = q
+                        .bands()
+                        .iter()
+                        .zip(&waits)
+                        .map(|(e, &w)| e.params().duration_ceil(w))
+                        .max()
+                        .unwrap();
+                    assert_eq!(q.retry_after(&lua_waits), local);
+                    assert_eq!(peeked.retry_after(), Some(local));
+                    refused += 1;
                 }
                 (a, b) => panic!("script {a:?} vs exact {b:?} at {now_us} µs, n = {units}"),
             }
         }
+        (granted, refused)
+    }
+
+    /// [`agree_tiers`], on a replay that both grants and refuses often.
+    fn agree_both(quotas: &[Quota], switch: usize, step_us: u64, seed: u64) {
+        let (granted, refused) = agree_tiers(quotas, switch, step_us, seed);
+        assert!(
+            granted >= 50 && refused >= 50,
+            "seed {seed}: {granted} granted, {refused} refused"
+        );
+    }
+
+    fn agree(rate: Rate, capacity: u32, step_us: u64, seed: u64) {
+        agree_tiers(&[Quota::new(rate, capacity)], usize::MAX, step_us, seed);
     }
 
     #[test]
@@ -239,6 +427,49 @@ mod tests {
             1 << 39,
             8,
         );
+    }
+
+    #[test]
+    fn script_arithmetic_is_exact_for_every_band() {
+        let s = Duration::from_secs;
+        // Thirds of a second and sevenths of a minute.
+        let q2 = Quota::new(Rate::per_second(3), 3).and(Rate::per_minute(7), 7);
+        agree_both(&[q2], usize::MAX, 400_000, 11);
+        // The finest scale next to a day-long band, and next to the
+        // deepest bucket allowed.
+        let fine = Rate::per(4_294_967_291, s(7));
+        let deepest = Rate::per(3, Duration::from_micros(1 << 40));
+        let q3 = Quota::new(fine, 7)
+            .and(Rate::per_day(10_000), 10_000)
+            .and(deepest, 3 << 10);
+        agree_both(&[q3], usize::MAX, 2, 12);
+        let q3 = Quota::new(fine, 7)
+            .and(Rate::every(s(86_400)), 3)
+            .and(deepest, 3 << 10);
+        agree_both(&[q3], usize::MAX, 40_000_000_000, 13);
+        // Four bands.
+        let q4 = Quota::new(Rate::per_second(999_983), 10)
+            .and(Rate::per_second(7), 20)
+            .and(Rate::per_hour(1000), 100)
+            .and(Rate::per_day(10_000), 10_000);
+        agree_both(&[q4], usize::MAX, 30_000, 14);
+    }
+
+    #[test]
+    fn script_arithmetic_is_exact_across_tier_changes() {
+        // Same windows, same units; then other units (instants rounded up
+        // to whole µs); then a quota of fewer bands (the others kept) and
+        // of more (the missing ones read as empty).
+        let free = Quota::new(Rate::per_second(10), 10).and(Rate::per_minute(100), 100);
+        let paid = Quota::new(Rate::per_second(100), 100).and(Rate::per_minute(1000), 1000);
+        let thirds = Quota::new(Rate::per_second(3), 3).and(Rate::per_minute(7), 70);
+        let one = Quota::new(Rate::per_second(7), 5);
+        let three = Quota::new(Rate::per_second(7), 5)
+            .and(Rate::per_minute(50), 50)
+            .and(Rate::per_hour(90), 90);
+        agree_both(&[free, paid], 50, 40_000, 21);
+        agree_both(&[free, thirds, one, three, paid], 37, 100_000, 22);
+        agree_both(&[three, one], 11, 300_000, 23);
     }
 
     #[test]

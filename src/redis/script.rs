@@ -1,9 +1,11 @@
-//! The decision script's I/O: its text, the arguments of one call, the
-//! single call and the batch's pipeline, and the parsing of its reply.
+//! The scripts' I/O: their text, the arguments of one decision, the single
+//! call and the batch's pipeline, the parsing of the reply, and the
+//! read-only look a peek makes.
 //!
-//! A call is `EVALSHA <sha> 1 <prefix + key> unit cost_us cost_rem tau_us
-//! tau_rem` (the order `gcra.lua` reads `ARGV` in); [`RedisFunnel::invocation`]
-//! is the one place that builds it.
+//! A decision is `EVALSHA <sha> 1 <prefix + key>` and then, for each band of
+//! the quota, `unit cost_us cost_rem tau_us tau_rem` (the order `gcra.lua`
+//! reads `ARGV` in): one call whatever the number of bands.
+//! [`RedisFunnel::invocation`] is the one place that builds it.
 
 use std::future::poll_fn;
 use std::pin::pin;
@@ -12,53 +14,81 @@ use std::task::Poll;
 
 use ::redis::{ErrorKind, RedisError, RedisResult, ScriptInvocation, ServerErrorKind};
 
-use super::repr::Split;
+use super::repr::{Encoded, Split};
+use super::state::{self, Stored};
 use super::{RedisFunnel, RedisLimitError};
+use crate::algorithm::MAX_BANDS;
 use crate::clock;
 
 /// The decision script (see `gcra.lua` beside this file).
 pub(super) const SCRIPT: &str = include_str!("gcra.lua");
 
-/// What the script answered.
+/// The peek's read-only script (see `peek.lua` beside this file).
+pub(super) const PEEK_SCRIPT: &str = include_str!("peek.lua");
+
+/// What the decision script answered.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Answer {
     pub(super) granted: bool,
     pub(super) now_us: u64,
-    pub(super) wait: Split,
+    /// When refused, each band's wait in its own units (zero where it
+    /// grants), in the quota's order.
+    pub(super) waits: [Split; MAX_BANDS],
 }
 
 impl Answer {
-    pub(super) fn parse(reply: (i64, i64, i64, i64)) -> RedisResult<Answer> {
-        let (granted, now, wait_us, wait_rem) = reply;
-        match (
-            granted,
-            u64::try_from(now),
-            u64::try_from(wait_us),
-            u64::try_from(wait_rem),
-        ) {
-            (0 | 1, Ok(now_us), Ok(us), Ok(rem)) => Ok(Answer {
-                granted: granted == 1,
-                now_us,
-                wait: Split { us, rem },
-            }),
-            _ => Err(RedisError::from((
+    /// The reply to a decision over `bands` bands: `[1, now]`, or `[0,
+    /// now]` and two numbers per band.
+    pub(super) fn parse(reply: &[i64], bands: usize) -> RedisResult<Answer> {
+        let unexpected = || {
+            RedisError::from((
                 ErrorKind::UnexpectedReturnType,
                 "unexpected reply from the rate limiter script",
-            ))),
+            ))
+        };
+        let Some((&[granted, now], rest)) = reply.split_first_chunk::<2>() else {
+            return Err(unexpected());
+        };
+        let now_us = u64::try_from(now).map_err(|_| unexpected())?;
+        let mut waits = [Split { us: 0, rem: 0 }; MAX_BANDS];
+        match (granted, rest.len()) {
+            (1, 0) => {}
+            (0, len) if len == 2 * bands && bands <= MAX_BANDS => {
+                for (w, pair) in waits.iter_mut().zip(rest.chunks_exact(2)) {
+                    let (Ok(us), Ok(rem)) = (u64::try_from(pair[0]), u64::try_from(pair[1])) else {
+                        return Err(unexpected());
+                    };
+                    *w = Split { us, rem };
+                }
+            }
+            _ => return Err(unexpected()),
         }
+        Ok(Answer {
+            granted: granted == 1,
+            now_us,
+            waits,
+        })
     }
 }
 
-/// The script's reply, as the `redis` crate parses it.
-pub(super) type Reply = (i64, i64, i64, i64);
+/// The decision script's reply, as the `redis` crate parses it.
+pub(super) type Reply = Vec<i64>;
+
+/// The peek script's reply: the server time and the state.
+type Look = (i64, Option<String>);
 
 impl RedisFunnel {
     /// One script call, within the deadline (a second attempt included,
     /// see [`resend_if_unsent`](Self::resend_if_unsent)).
-    pub(super) async fn eval(&self, key: &str, n: u32) -> Result<Answer, RedisLimitError> {
+    pub(super) async fn eval(
+        &self,
+        key: &str,
+        quota: &Encoded,
+        n: u32,
+    ) -> Result<Answer, RedisLimitError> {
         let attempt = || {
             let mut conn = self.inner.conn.clone();
-            let call = self.invocation(key, n);
+            let call = self.invocation(key, quota, n);
             // `invoke_async` sends EVALSHA, and on NOSCRIPT loads the
             // script and sends it again.
             async move { call.invoke_async::<Reply>(&mut conn).await }
@@ -66,8 +96,46 @@ impl RedisFunnel {
         match clock::timeout(self.inner.timeout, self.resend_if_unsent(attempt)).await {
             Err(_) => Err(self.timed_out()),
             Ok(Err(e)) => Err(self.backend(e)),
-            Ok(Ok(reply)) => Answer::parse(reply).map_err(RedisLimitError::Backend),
+            Ok(Ok(reply)) => {
+                Answer::parse(&reply, quota.bands().len()).map_err(RedisLimitError::Backend)
+            }
         }
+    }
+
+    /// The server's time (whole microseconds) and `key`'s stored bands, in
+    /// one round trip that changes nothing, within the deadline. The look
+    /// is read-only, so sending it again is always safe; it goes through
+    /// the same [`resend_if_unsent`](Self::resend_if_unsent) as a decision.
+    pub(super) async fn look(&self, key: &str) -> Result<(u64, Vec<Stored>), RedisLimitError> {
+        let attempt = || {
+            let mut conn = self.inner.conn.clone();
+            let mut call = self.inner.peek_script.prepare_invoke();
+            call.key(self.redis_key(key));
+            async move { call.invoke_async::<Look>(&mut conn).await }
+        };
+        let (now, state) =
+            match clock::timeout(self.inner.timeout, self.resend_if_unsent(attempt)).await {
+                Err(_) => return Err(self.timed_out()),
+                Ok(Err(e)) => return Err(self.backend(e)),
+                Ok(Ok(look)) => look,
+            };
+        let now_us = u64::try_from(now).map_err(|_| {
+            RedisLimitError::Backend(RedisError::from((
+                ErrorKind::UnexpectedReturnType,
+                "unexpected reply from the rate limiter's peek script",
+            )))
+        })?;
+        let stored = match state {
+            None => vec![],
+            Some(state) => state::parse(&state).ok_or_else(|| {
+                RedisLimitError::Backend(RedisError::from((
+                    ErrorKind::Parse,
+                    "tokio-ratelimit: malformed state",
+                    format!("at {}", self.redis_key(key)),
+                )))
+            })?,
+        };
+        Ok((now_us, stored))
     }
 
     /// Runs `attempt`, and runs it once more if it failed before its
@@ -115,25 +183,28 @@ impl RedisFunnel {
         }
     }
 
-    /// The script call that pours `n` units into `key`'s funnel: its key
-    /// and arguments, in the order `gcra.lua` reads them. The single call
-    /// ([`eval`](Self::eval)) and the batch ([`pipeline`](Self::pipeline))
-    /// both send what this builds, so they cannot disagree.
-    fn invocation(&self, key: &str, n: u32) -> ScriptInvocation<'_> {
-        let e = &self.inner.encoding;
-        let (cost, tau) = (e.cost(n), e.tau());
+    /// The script call that pours `n` units into every band of `key`'s
+    /// funnel under `quota`: its key and arguments, five per band, in the
+    /// order `gcra.lua` reads them. The single call ([`eval`](Self::eval))
+    /// and the batch ([`pipeline`](Self::pipeline)) both send what this
+    /// builds, so they cannot disagree.
+    fn invocation(&self, key: &str, quota: &Encoded, n: u32) -> ScriptInvocation<'_> {
         let mut call = self.inner.script.prepare_invoke();
-        call.key(self.redis_key(key))
-            .arg(e.unit())
-            .arg(cost.us)
-            .arg(cost.rem)
-            .arg(tau.us)
-            .arg(tau.rem);
+        call.key(self.redis_key(key));
+        for e in quota.bands() {
+            let (cost, tau) = (e.cost(n), e.tau());
+            call.arg(e.unit())
+                .arg(cost.us)
+                .arg(cost.rem)
+                .arg(tau.us)
+                .arg(tau.rem);
+        }
         call
     }
 
-    /// Script calls for many keys in one pipeline; the ones that find the
-    /// script flushed go again after a `SCRIPT LOAD`.
+    /// Script calls for many keys in one pipeline, each under the
+    /// limiter's own quota; the ones that find the script flushed go again
+    /// after a `SCRIPT LOAD`.
     pub(super) async fn eval_many(
         &self,
         asked: &[(&str, u32)],
@@ -166,7 +237,7 @@ impl RedisFunnel {
         let mut pipe = ::redis::Pipeline::with_capacity(asked.len());
         pipe.ignore_errors();
         for &(key, n) in asked {
-            pipe.invoke_script(&self.invocation(key, n));
+            pipe.invoke_script(&self.invocation(key, &self.inner.encoded, n));
         }
         pipe
     }

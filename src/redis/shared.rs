@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::{RedisFunnel, RedisLimitError};
-use crate::TryAcquireError;
+use crate::{Peek, TryAcquireError};
 use crate::keyed::AsyncKeyedLimiter;
 
 /// How long a caller refused because Redis could not decide (failing
@@ -33,6 +33,15 @@ impl AsyncKeyedLimiter for RedisFunnel {
                 _ => TryAcquireError::Unavailable {
                     retry_after: UNAVAILABLE_RETRY,
                 },
+            })
+    }
+
+    async fn peek(&self, key: &String, n: u32) -> Result<Option<Peek>, TryAcquireError> {
+        RedisFunnel::peek(self, key, n)
+            .await
+            .map(Some)
+            .map_err(|_| TryAcquireError::Unavailable {
+                retry_after: UNAVAILABLE_RETRY,
             })
     }
 }
