@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use super::{RedisFunnel, RedisLimitError};
-use crate::{Peek, TryAcquireError};
 use crate::keyed::AsyncKeyedLimiter;
+use crate::{Peek, TryAcquireError};
 
 /// How long a caller refused because Redis could not decide (failing
 /// closed) is told to wait: long enough not to hammer a server that is
