@@ -60,7 +60,7 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio_ratelimit::keyed::{AsyncKeyedLimiter, KeyedFunnel};
 use tokio_ratelimit::tower::{BoxError, KeyedRateLimitLayer, RateLimitLayer, RateLimited};
-use tokio_ratelimit::{ConfigError, Rate, TokenBucket, TryAcquireError};
+use tokio_ratelimit::{ConfigError, Rate, TokenBucket};
 use tower::ServiceBuilder;
 
 /// The limits, as numbers.
@@ -235,20 +235,15 @@ async fn too_many_requests(error: BoxError) -> Response {
     }
 }
 
-/// Any other limiter error — a shared limit that could not be decided, a
-/// limiter closed at shutdown: 503, with `Retry-After` when there is an
-/// estimate.
+/// Any other limiter error — a shared limit that could not be decided (its
+/// store down, failing closed), a limiter closed at shutdown: 503, with a
+/// `Retry-After` of a second (the service's guess: the limiter cannot know
+/// when its store is back).
 async fn limiter_failed(error: BoxError) -> Response {
-    let retry_after = error
-        .downcast_ref::<TryAcquireError>()
-        .and_then(TryAcquireError::retry_after);
     let mut response = (StatusCode::SERVICE_UNAVAILABLE, format!("{error}\n")).into_response();
-    if let Some(retry_after) = retry_after {
-        let seconds = seconds_up(retry_after).max(1);
-        response
-            .headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
-    }
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(1));
     response
 }
 

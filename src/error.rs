@@ -156,16 +156,14 @@ pub enum TryAcquireError {
     },
     /// The limit could not be decided now: a shared store (Redis) failed
     /// and the limiter fails closed. Not the caller's doing — an HTTP
-    /// service answers `503 Service Unavailable`, not `429`.
-    Unavailable {
-        /// An estimate of when to try again.
-        retry_after: Duration,
-    },
+    /// service answers `503 Service Unavailable`, not `429`. (No
+    /// `retry_after`: when the store is back is not the limiter's to know.
+    /// A payload here would also cost every `try_acquire` a larger result.)
+    Unavailable,
 }
 
 impl TryAcquireError {
-    /// The wait before a retry can succeed, for `Limited` (exact) and
-    /// `Unavailable` (an estimate); `None` otherwise.
+    /// The wait before a retry can succeed, for `Limited`; `None` otherwise.
     ///
     /// # Examples
     ///
@@ -179,7 +177,7 @@ impl TryAcquireError {
     /// ```
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
-            Self::Limited { retry_after } | Self::Unavailable { retry_after } => Some(*retry_after),
+            Self::Limited { retry_after } => Some(*retry_after),
             _ => None,
         }
     }
@@ -195,12 +193,7 @@ impl fmt::Display for TryAcquireError {
             Self::Limited { retry_after } => {
                 write!(f, "rate limited, retry after {retry_after:?}")
             }
-            Self::Unavailable { retry_after } => {
-                write!(
-                    f,
-                    "rate limit could not be decided, retry after about {retry_after:?}"
-                )
-            }
+            Self::Unavailable => f.write_str("rate limit could not be decided"),
         }
     }
 }
@@ -308,10 +301,7 @@ mod tests {
                 retry_after: Duration::from_millis(100),
             }
             .to_string(),
-            TryAcquireError::Unavailable {
-                retry_after: Duration::from_secs(1),
-            }
-            .to_string(),
+            TryAcquireError::Unavailable.to_string(),
         ];
         for s in all {
             assert!(!s.ends_with('.'), "{s}");

@@ -1,16 +1,9 @@
 //! [`RedisFunnel`] as an [`AsyncKeyedLimiter`]: the same middleware on a
 //! local map or on a limit shared through Redis.
 
-use std::time::Duration;
-
 use super::{RedisFunnel, RedisLimitError};
 use crate::keyed::AsyncKeyedLimiter;
 use crate::{Peek, TryAcquireError};
-
-/// How long a caller refused because Redis could not decide (failing
-/// closed) is told to wait: long enough not to hammer a server that is
-/// failing over, short enough to come back soon after.
-const UNAVAILABLE_RETRY: Duration = Duration::from_secs(1);
 
 /// Keys are the strings after the limiter's prefix. Redis failures follow
 /// the [`FailurePolicy`](super::FailurePolicy): failing open the request is
@@ -30,9 +23,7 @@ impl AsyncKeyedLimiter for RedisFunnel {
                 }
                 RedisLimitError::InsufficientCapacity => TryAcquireError::InsufficientCapacity,
                 // Timeout, Backend, and what may be added: the store failed.
-                _ => TryAcquireError::Unavailable {
-                    retry_after: UNAVAILABLE_RETRY,
-                },
+                _ => TryAcquireError::Unavailable,
             })
     }
 
@@ -40,8 +31,6 @@ impl AsyncKeyedLimiter for RedisFunnel {
         RedisFunnel::peek(self, key, n)
             .await
             .map(Some)
-            .map_err(|_| TryAcquireError::Unavailable {
-                retry_after: UNAVAILABLE_RETRY,
-            })
+            .map_err(|_| TryAcquireError::Unavailable)
     }
 }
