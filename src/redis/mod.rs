@@ -162,6 +162,7 @@ use crate::ConfigError;
 use crate::Quota;
 
 mod builder;
+mod cache;
 mod error;
 mod limiter;
 mod repr;
