@@ -47,6 +47,8 @@ async fn funnel(
         .prefix(prefix)
         .failure_policy(policy)
         .timeout(ms(200))
+        // Every request to Redis: these tests count what Redis decides.
+        .refusal_cache(0)
         .build()
         .await
         .unwrap()
@@ -1266,6 +1268,7 @@ async fn quota_funnel(server: &RedisServer, quota: Quota, prefix: &str) -> Redis
         .prefix(prefix)
         .failure_policy(FailurePolicy::Closed)
         .timeout(ms(500))
+        .refusal_cache(0)
         .build()
         .await
         .unwrap()

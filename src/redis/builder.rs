@@ -9,6 +9,7 @@ use std::time::Duration;
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use ::redis::{Client, RedisResult, Script};
 
+use super::cache::RefusalCache;
 use super::limiter::Inner;
 use super::repr::Encoded;
 use super::script::{PEEK_SCRIPT, SCRIPT};
@@ -70,7 +71,12 @@ pub struct RedisFunnelBuilder {
     policy: FailurePolicy,
     timeout: Duration,
     connect_timeout: Duration,
+    refusal_cache: usize,
 }
+
+/// The refusal cache's default size: enough for every key a few abusive
+/// clients hammer at once, about 150 KB.
+const REFUSAL_CACHE: usize = 1024;
 
 impl RedisFunnelBuilder {
     /// The defaults, connecting to `client`.
@@ -84,6 +90,7 @@ impl RedisFunnelBuilder {
             policy: FailurePolicy::default(),
             timeout: Duration::from_millis(200),
             connect_timeout: Duration::from_secs(1),
+            refusal_cache: REFUSAL_CACHE,
         }
     }
 
@@ -157,6 +164,23 @@ impl RedisFunnelBuilder {
     /// connection attempt may take (default 1 s).
     pub fn connect_timeout(&mut self, timeout: Duration) -> &mut Self {
         self.connect_timeout = timeout;
+        self
+    }
+
+    /// How many recent refusals to keep in this process (default 1 024; 0
+    /// turns the cache off). A key Redis refused `n` permits until `t` is
+    /// refused `n` or more here, under the same quota, until then, without
+    /// a round trip: a client hammering a key over its limit costs Redis
+    /// one decision per `retry_after`, not one per request. It never
+    /// grants, and it only refuses what Redis would: the script only ever
+    /// moves a key's instants later, so a refusal holds until its
+    /// `retry_after` has passed, whatever other processes ask meanwhile
+    /// (see the module docs for what can break that: a key deleted by
+    /// hand, a failover that lost writes). One slot per key hash, so a
+    /// flood of distinct keys overwrites slots instead of growing the cache.
+    /// Counted in [`RedisStats::cached_refusals`](super::RedisStats::cached_refusals).
+    pub fn refusal_cache(&mut self, slots: usize) -> &mut Self {
+        self.refusal_cache = slots;
         self
     }
 
@@ -236,6 +260,7 @@ impl RedisFunnelBuilder {
                 timeout: self.timeout,
                 counters: Counters::default(),
                 healthy: AtomicBool::new(true),
+                refusals: (self.refusal_cache > 0).then(|| RefusalCache::new(self.refusal_cache)),
             }),
         })
     }

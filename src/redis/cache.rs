@@ -37,7 +37,7 @@
 //! answer: the full key is compared). Memory is the slots and the keys they
 //! hold.
 
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::BuildHasher;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
@@ -70,21 +70,27 @@ impl RefusalCache {
     }
 
     fn slot(&self, key: &str) -> &Mutex<Option<Entry>> {
-        let mut h = self.hasher.build_hasher();
-        key.hash(&mut h);
-        // The modulo of a 64-bit hash by a usize fits a usize.
         #[expect(
             clippy::cast_possible_truncation,
             reason = "a remainder below the slot count"
         )]
-        let i = (h.finish() % self.slots.len() as u64) as usize;
+        let i = (self.hasher.hash_one(key) % self.slots.len() as u64) as usize;
         &self.slots[i]
     }
 
     /// How long `n` permits of `key` under `quota` are still known to be
     /// refused at `now`; `None` when Redis must be asked.
-    pub(super) fn refused(&self, key: &str, quota: &Quota, n: u32, now: Instant) -> Option<Duration> {
-        let slot = self.slot(key).lock().unwrap_or_else(PoisonError::into_inner);
+    pub(super) fn refused(
+        &self,
+        key: &str,
+        quota: &Quota,
+        n: u32,
+        now: Instant,
+    ) -> Option<Duration> {
+        let slot = self
+            .slot(key)
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let entry = slot.as_ref()?;
         (entry.n <= n && now < entry.until && entry.quota == *quota && &*entry.key == key)
             .then(|| entry.until - now)
@@ -92,9 +98,19 @@ impl RefusalCache {
 
     /// Redis refused `n` permits of `key` under `quota`, to fit after
     /// `retry_after`, for a request sent at `sent`.
-    pub(super) fn remember(&self, key: &str, quota: &Quota, n: u32, sent: Instant, retry_after: Duration) {
+    pub(super) fn remember(
+        &self,
+        key: &str,
+        quota: &Quota,
+        n: u32,
+        sent: Instant,
+        retry_after: Duration,
+    ) {
         let until = sent + retry_after;
-        let mut slot = self.slot(key).lock().unwrap_or_else(PoisonError::into_inner);
+        let mut slot = self
+            .slot(key)
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         if let Some(held) = slot.as_ref() {
             // A refusal of fewer permits for the same key and quota says
             // more; keep it while it holds, unless this one is of as few.
@@ -112,7 +128,8 @@ impl RefusalCache {
     }
 
     /// The number of slots.
-    pub(super) fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.slots.len()
     }
 }

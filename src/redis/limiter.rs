@@ -10,6 +10,7 @@ use std::time::{Duration, SystemTime};
 use ::redis::aio::ConnectionManager;
 use ::redis::{ErrorKind, RedisError, Script};
 
+use super::cache::RefusalCache;
 use super::repr::Encoded;
 use super::script::Answer;
 use super::state;
@@ -42,6 +43,8 @@ pub(super) struct Inner {
     pub(super) counters: Counters,
     /// Whether the last decision reached Redis (for logging transitions).
     pub(super) healthy: AtomicBool,
+    /// Recent refusals, answered without a round trip (`None`: off).
+    pub(super) refusals: Option<RefusalCache>,
 }
 
 /// What a [`RedisFunnel`] does with a decision Redis could not make (an
@@ -197,9 +200,53 @@ impl RedisFunnel {
         if let Some(local) = local(quota, n) {
             return local;
         }
+        let sent = clock::now();
+        if let Some(refused) = self.cached(key, quota, n, sent) {
+            return refused;
+        }
         match self.eval(key, quota, n).await {
-            Ok(answer) => self.answered(answer, quota),
+            Ok(answer) => {
+                let answer = self.answered(answer, quota);
+                self.remember(key, quota, n, sent, &answer);
+                answer
+            }
             Err(e) => self.failed(e, 1),
+        }
+    }
+
+    /// A refusal the [refusal cache](super::cache) still holds, counted.
+    fn cached(
+        &self,
+        key: &str,
+        quota: &Encoded,
+        n: u32,
+        now: tokio::time::Instant,
+    ) -> Option<Result<(), RedisLimitError>> {
+        let retry_after = self
+            .inner
+            .refusals
+            .as_ref()?
+            .refused(key, quota.quota(), n, now)?;
+        self.inner
+            .counters
+            .cached_refusals
+            .fetch_add(1, Ordering::Relaxed);
+        Some(Err(RedisLimitError::Limited { retry_after }))
+    }
+
+    /// Keeps a refusal Redis made of a request sent at `sent`.
+    fn remember(
+        &self,
+        key: &str,
+        quota: &Encoded,
+        n: u32,
+        sent: tokio::time::Instant,
+        answer: &Result<(), RedisLimitError>,
+    ) {
+        if let (Some(cache), Err(RedisLimitError::Limited { retry_after })) =
+            (&self.inner.refusals, answer)
+        {
+            cache.remember(key, quota.quota(), n, sent, *retry_after);
         }
     }
 
@@ -292,8 +339,11 @@ impl RedisFunnel {
         requests: &[(&str, u32)],
     ) -> Vec<Result<(), RedisLimitError>> {
         let quota = &self.inner.encoded;
-        let mut answers: Vec<Option<Result<(), RedisLimitError>>> =
-            requests.iter().map(|&(_, n)| local(quota, n)).collect();
+        let sent = clock::now();
+        let mut answers: Vec<Option<Result<(), RedisLimitError>>> = requests
+            .iter()
+            .map(|&(key, n)| local(quota, n).or_else(|| self.cached(key, quota, n, sent)))
+            .collect();
         let asked: Vec<(&str, u32)> = requests
             .iter()
             .zip(&answers)
@@ -316,10 +366,15 @@ impl RedisFunnel {
                 Err(_) => self.failed_all(&self.timed_out(), asked.len()),
             }
             .into_iter();
-            for slot in answers.iter_mut().filter(|a| a.is_none()) {
+            for ((key, n), slot) in requests
+                .iter()
+                .zip(&mut answers)
+                .filter(|(_, a)| a.is_none())
+            {
                 *slot = decided.next();
-                if slot.is_none() {
-                    break;
+                match slot {
+                    Some(answer) => self.remember(key, quota, *n, sent, answer),
+                    None => break,
                 }
             }
         }

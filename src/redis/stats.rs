@@ -11,7 +11,8 @@ use super::{FailurePolicy, RedisFunnel};
 ///
 /// `decisions = granted + limited + backend_errors`: every decision that
 /// was asked of Redis (each key of a batch counts once). Requests decided
-/// locally (`n = 0`, `n > capacity`) are not counted.
+/// locally (`n = 0`, `n > capacity`, and the refusal cache's, counted in
+/// `cached_refusals`) are not counted in `decisions`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RedisStats {
@@ -32,6 +33,9 @@ pub struct RedisStats {
     /// connection already closed, before anything was sent (counted once
     /// in `decisions`, whatever the second attempt answered).
     pub retries: u64,
+    /// Requests refused by the refusal cache, without asking Redis (see
+    /// [`RedisFunnelBuilder::refusal_cache`](super::RedisFunnelBuilder::refusal_cache)).
+    pub cached_refusals: u64,
 }
 
 /// The live counters behind [`RedisStats`], one per field; relaxed
@@ -45,6 +49,7 @@ pub(super) struct Counters {
     pub(super) timeouts: AtomicU64,
     pub(super) fail_open_grants: AtomicU64,
     pub(super) retries: AtomicU64,
+    pub(super) cached_refusals: AtomicU64,
 }
 
 impl Counters {
@@ -59,6 +64,7 @@ impl Counters {
             timeouts: get(&self.timeouts),
             fail_open_grants: get(&self.fail_open_grants),
             retries: get(&self.retries),
+            cached_refusals: get(&self.cached_refusals),
         }
     }
 }
