@@ -114,8 +114,9 @@ async fn a_hammered_key_costs_a_round_trip_per_retry_after() {
     let stats = with.stats();
     let due = 5 + u64::try_from(50 * elapsed.as_millis() / 1000).unwrap();
     assert!(granted <= due + 1, "{granted} granted of {due}");
+    // (A loaded machine may pause this task past a burst's worth: 90 %.)
     assert!(
-        granted + 2 >= due,
+        10 * granted >= 9 * due,
         "{granted} granted of {due}: the cache held back grants"
     );
     assert_eq!(stats.granted, granted);
