@@ -1117,13 +1117,16 @@ async fn a_server_that_never_answers() {
     assert_eq!((o.retries, c.retries), (1, 1));
 }
 
-/// A loopback proxy to `upstream` that loses one reply: the first client
-/// chunk that carries an `EVALSHA` is passed on, and then that connection
-/// is closed without passing back what Redis answered. Every other byte,
-/// and every later connection, goes through unchanged.
+/// A loopback proxy to `upstream` that loses one reply: once `armed` is
+/// set, the first client chunk that carries an `EVALSHA` is passed on, and
+/// then that connection is closed without passing back what Redis
+/// answered. Every other byte, and every later connection, goes through
+/// unchanged. (Armed by the test after the build, whose clock check is an
+/// `EVALSHA` too.)
 fn reply_losing_proxy(
     listener: tokio::net::TcpListener,
     upstream: u16,
+    armed: std::sync::Arc<std::sync::atomic::AtomicBool>,
 ) -> tokio::task::JoinHandle<()> {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
@@ -1134,7 +1137,7 @@ fn reply_losing_proxy(
             let server = tokio::net::TcpStream::connect(("127.0.0.1", upstream))
                 .await
                 .unwrap();
-            let lost = lost.clone();
+            let (lost, armed) = (lost.clone(), armed.clone());
             tokio::spawn(async move {
                 let (mut cr, mut cw) = client.into_split();
                 let (mut sr, mut sw) = server.into_split();
@@ -1148,7 +1151,8 @@ fn reply_losing_proxy(
                         break;
                     }
                     let evalsha = chunk.windows(7).any(|w| w == b"EVALSHA");
-                    if evalsha && !lost.swap(true, Ordering::SeqCst) {
+                    if evalsha && armed.load(Ordering::SeqCst) && !lost.swap(true, Ordering::SeqCst)
+                    {
                         // Redis runs it; the client never hears.
                         back.abort();
                         sleep(ms(20)).await;
@@ -1168,15 +1172,18 @@ async fn a_request_that_may_have_run_is_not_sent_again() {
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
-    let proxy = reply_losing_proxy(listener, server.port());
+    let armed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let proxy = reply_losing_proxy(listener, server.port(), armed.clone());
     let through_proxy = RedisFunnel::builder(format!("redis://127.0.0.1:{port}/"))
         .rate(slow())
         .capacity(2)
         .prefix("p:")
         .failure_policy(FailurePolicy::Closed)
+        .refusal_cache(0)
         .build()
         .await
         .unwrap();
+    armed.store(true, std::sync::atomic::Ordering::SeqCst);
     let direct = funnel(&server, slow(), 2, "p:", FailurePolicy::Closed).await;
     // Sent, run by Redis, its reply lost with the connection: a failure
     // by the policy, not a second pour.

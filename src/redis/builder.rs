@@ -14,7 +14,7 @@ use super::limiter::Inner;
 use super::repr::Encoded;
 use super::script::{PEEK_SCRIPT, SCRIPT};
 use super::stats::Counters;
-use super::{FailurePolicy, RedisBuildError, RedisFunnel};
+use super::{FailurePolicy, RedisBuildError, RedisFunnel, RedisLimitError};
 use crate::{ConfigError, Quota, Rate, clock};
 
 /// Where a [`RedisFunnel`] connects: a [`redis::Client`],
@@ -249,7 +249,7 @@ impl RedisFunnelBuilder {
                 });
             }
         }
-        Ok(RedisFunnel {
+        let funnel = RedisFunnel {
             inner: Arc::new(Inner {
                 conn,
                 script,
@@ -262,7 +262,32 @@ impl RedisFunnelBuilder {
                 healthy: AtomicBool::new(true),
                 refusals: (self.refusal_cache > 0).then(|| RefusalCache::new(self.refusal_cache)),
             }),
-        })
+        };
+        self.check_clock(&funnel).await?;
+        Ok(funnel)
+    }
+
+    /// Checks that the server's scripts see a sane clock: one look (a
+    /// read-only script reading `TIME`, and `GET` of a key no caller names,
+    /// which changes nothing), within the connect timeout.
+    async fn check_clock(&self, funnel: &RedisFunnel) -> Result<(), RedisBuildError> {
+        /// 2020-01-01T00:00:00Z.
+        const SANE_US: u64 = 1_577_836_800_000_000;
+        let look = clock::timeout(self.connect_timeout, funnel.look("\u{0}clock")).await;
+        let server_time_us = match look {
+            Ok(Ok((now_us, _))) => now_us,
+            Ok(Err(RedisLimitError::Backend(e))) => return Err(RedisBuildError::Redis(e)),
+            Ok(Err(_)) | Err(_) => {
+                return Err(RedisBuildError::Timeout {
+                    timeout: self.connect_timeout,
+                });
+            }
+        };
+        // Below 2⁵² µs (the year 2112) the script's arithmetic is exact.
+        if !(SANE_US..1 << 52).contains(&server_time_us) {
+            return Err(RedisBuildError::Clock { server_time_us });
+        }
+        Ok(())
     }
 }
 

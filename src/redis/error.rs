@@ -117,6 +117,14 @@ pub enum RedisBuildError {
         /// The connect timeout that passed.
         timeout: Duration,
     },
+    /// The server's clock, as its scripts see it (`TIME`), is not a sane
+    /// time (zero, or before 2020): every decision is made on that clock,
+    /// and on a broken one keys would expire at once and grant everything.
+    /// Some Redis-compatible servers return zero for `TIME` in scripts.
+    Clock {
+        /// What `TIME` said, in microseconds since the Unix epoch.
+        server_time_us: u64,
+    },
 }
 
 impl fmt::Display for RedisBuildError {
@@ -127,6 +135,10 @@ impl fmt::Display for RedisBuildError {
             Self::Timeout { timeout } => {
                 write!(f, "redis did not load the script within {timeout:?}")
             }
+            Self::Clock { server_time_us } => write!(
+                f,
+                "the server's clock in scripts reads {server_time_us} µs since 1970, not a sane time"
+            ),
         }
     }
 }
@@ -136,7 +148,7 @@ impl std::error::Error for RedisBuildError {
         match self {
             Self::Config(e) => Some(e),
             Self::Redis(e) => Some(e),
-            Self::Timeout { .. } => None,
+            Self::Timeout { .. } | Self::Clock { .. } => None,
         }
     }
 }

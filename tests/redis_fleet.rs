@@ -1,8 +1,10 @@
-//! The refusal cache of `redis::RedisFunnel` against a real `redis-server`
-//! (feature `redis`): it never refuses what the script would grant, it
-//! saves the round trips of a client hammering a key over its limit, and
-//! it stays bounded under a flood of keys. Real time (Redis's clock), as in
-//! `tests/redis.rs`; no sleep checks a rate.
+//! What a fleet sharing `redis::RedisFunnel` needs beyond one decision
+//! (feature `redis`), against a real `redis-server`: the refusal cache
+//! never refuses what the script would grant, saves the round trips of a
+//! client hammering a key over its limit, and stays bounded under a flood
+//! of keys; a server whose scripts see no sane clock is refused at build;
+//! waiters on one key do not retry at the same instant. Real time (Redis's
+//! clock), as in `tests/redis.rs`.
 
 #[path = "support/redis_server.rs"]
 mod redis_server;
@@ -172,4 +174,74 @@ async fn a_flood_of_keys_keeps_the_cache_bounded() {
     let stats = l.stats();
     assert!((1..=8).contains(&stats.cached_refusals), "{stats:?}");
     assert_eq!(stats.decisions + stats.cached_refusals, 1_500);
+}
+
+/// A stand-in for a Redis-compatible server whose scripts read `TIME` as
+/// zero: it answers `SCRIPT LOAD` with a hash, every script call with a
+/// time of 0 and no state, and anything else with `+OK`. (No real server
+/// does this on purpose; some compatible ones do it by accident.)
+async fn a_server_whose_scripts_see_time_zero() -> (String, tokio::task::JoinHandle<()>) {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("redis://{}/", listener.local_addr().unwrap());
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((socket, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let (read, mut write) = socket.into_split();
+                let mut read = BufReader::new(read);
+                loop {
+                    // One command: *<argc>, then $<len> and the bytes of each.
+                    let mut line = String::new();
+                    if read.read_line(&mut line).await.unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let argc: usize = line.trim_start_matches('*').trim().parse().unwrap();
+                    let mut args = Vec::with_capacity(argc);
+                    for _ in 0..argc {
+                        line.clear();
+                        read.read_line(&mut line).await.unwrap();
+                        let len: usize = line.trim_start_matches('$').trim().parse().unwrap();
+                        let mut arg = vec![0; len + 2];
+                        read.read_exact(&mut arg).await.unwrap();
+                        arg.truncate(len);
+                        args.push(String::from_utf8_lossy(&arg).into_owned());
+                    }
+                    let command = args.first().map(|c| c.to_uppercase());
+                    let reply = match command.as_deref() {
+                        // The client checks that the hash is its script's.
+                        Some("SCRIPT") => {
+                            let sha = redis::Script::new(&args[2]).get_hash().to_owned();
+                            format!("$40\r\n{sha}\r\n")
+                        }
+                        Some("EVALSHA" | "EVAL") => "*2\r\n:0\r\n$-1\r\n".to_owned(),
+                        _ => "+OK\r\n".to_owned(),
+                    };
+                    if write.write_all(reply.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (url, task)
+}
+
+#[tokio::test]
+async fn a_server_whose_scripts_see_no_clock_is_refused_at_build() {
+    let (url, server) = a_server_whose_scripts_see_time_zero().await;
+    let built = RedisFunnel::builder(url.as_str())
+        .rate(Rate::per_second(10))
+        .build()
+        .await;
+    assert!(
+        matches!(
+            built,
+            Err(tokio_ratelimit::redis::RedisBuildError::Clock { server_time_us: 0 })
+        ),
+        "{built:?}"
+    );
+    server.abort();
 }
