@@ -198,9 +198,9 @@ async fn a_server_whose_scripts_see_time_zero() -> (String, tokio::task::JoinHan
                     if read.read_line(&mut line).await.unwrap_or(0) == 0 {
                         return;
                     }
-                    let argc: usize = line.trim_start_matches('*').trim().parse().unwrap();
-                    let mut args = Vec::with_capacity(argc);
-                    for _ in 0..argc {
+                    let count: usize = line.trim_start_matches('*').trim().parse().unwrap();
+                    let mut args = Vec::with_capacity(count);
+                    for _ in 0..count {
                         line.clear();
                         read.read_line(&mut line).await.unwrap();
                         let len: usize = line.trim_start_matches('$').trim().parse().unwrap();
