@@ -268,6 +268,11 @@ impl RedisFunnel {
     /// again. Waiters are not queued (there is no queue shared by the
     /// replicas): one that loses a race sleeps again.
     ///
+    /// Waiters on one key in many replicas are refused together and would
+    /// all ask again at the same instant, a thundering herd on one key. So
+    /// each sleeps `retry_after` and a random part of a tenth more (at most
+    /// 50 ms more): never longer than needed by more than 10 %.
+    ///
     /// # Errors
     ///
     /// [`RedisLimitError::InsufficientCapacity`] at once when `n` exceeds
@@ -315,7 +320,7 @@ impl RedisFunnel {
         loop {
             match self.try_acquire_encoded(key, quota, n).await {
                 Err(RedisLimitError::Limited { retry_after }) => {
-                    clock::sleep(retry_after).await;
+                    clock::sleep(spread(retry_after)).await;
                 }
                 other => return other,
             }
@@ -689,5 +694,60 @@ fn local(quota: &Encoded, n: u32) -> Option<Result<(), RedisLimitError>> {
         Some(Ok(()))
     } else {
         None
+    }
+}
+
+/// `retry_after` and a random part of a tenth more, at most 50 ms more:
+/// waiters refused at one instant ask again spread over that span.
+fn spread(retry_after: Duration) -> Duration {
+    use std::hash::BuildHasher;
+    let most = (retry_after / 10).min(Duration::from_millis(50));
+    let Ok(most) = u64::try_from(most.as_nanos()) else {
+        return retry_after;
+    };
+    if most == 0 {
+        return retry_after;
+    }
+    // A fresh std `RandomState` is keyed anew each time (per thread, from
+    // the OS's randomness): enough to tell replicas and tasks apart.
+    let random = std::collections::hash_map::RandomState::new().hash_one(most);
+    retry_after + Duration::from_nanos(random % (most + 1))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::spread;
+
+    #[test]
+    fn retries_are_spread_over_a_tenth_more_at_most_50_ms() {
+        for (wait, most) in [
+            (Duration::from_millis(100), Duration::from_millis(10)),
+            (Duration::from_secs(10), Duration::from_millis(50)),
+            (Duration::from_micros(7), Duration::from_nanos(700)),
+        ] {
+            let waits: Vec<Duration> = (0..1_000).map(|_| spread(wait)).collect();
+            assert!(
+                waits.iter().all(|&w| w >= wait && w <= wait + most),
+                "{wait:?}"
+            );
+            let mut distinct = waits.clone();
+            distinct.sort();
+            distinct.dedup();
+            assert!(
+                distinct.len() > 500,
+                "{wait:?}: {} distinct",
+                distinct.len()
+            );
+            // Spread over the span, not bunched at one end.
+            let late = waits.iter().filter(|&&w| w > wait + most / 2).count();
+            assert!(
+                (300..=700).contains(&late),
+                "{wait:?}: {late} in the later half"
+            );
+        }
+        assert_eq!(spread(Duration::from_nanos(9)), Duration::from_nanos(9));
+        assert_eq!(spread(Duration::ZERO), Duration::ZERO);
     }
 }
