@@ -363,9 +363,9 @@ where
     ///
     /// # Errors
     ///
-    /// Whatever the limiter answers; `Limited` (with an estimate of when a
-    /// slot may free up) for a new key refused by `max_keys`; `Closed` if
-    /// the factory failed for a new key.
+    /// Whatever the limiter answers; `Unavailable` for a new key refused by
+    /// `max_keys` (the map's doing, not the key's); `Closed` if the factory
+    /// failed for a new key.
     pub fn try_acquire_many<Q>(&self, key: &Q, n: u32) -> Result<(), TryAcquireError>
     where
         K: Borrow<Q>,
@@ -377,9 +377,8 @@ where
                 self.inner.count(n, result.is_ok());
                 result
             }
-            Err(Unavailable::Refused { retry_after }) => {
-                Err(TryAcquireError::Limited { retry_after })
-            }
+            // Not the key's doing: the map is full (a 503, not a 429).
+            Err(Unavailable::Refused { .. }) => Err(TryAcquireError::Unavailable),
             Err(Unavailable::Failed) => Err(TryAcquireError::Closed),
         }
     }

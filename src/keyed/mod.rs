@@ -30,8 +30,8 @@
 //! `tests/axum_service.rs`).
 //!
 //! `max_keys(n)` caps the map. When every slot holds an active key, a new
-//! key is refused with `TryAcquireError::Limited` (fail closed, `acquire`
-//! waits and retries); an active key is never evicted to make room, because
+//! key is refused with `TryAcquireError::Unavailable` (fail closed: not
+//! the key's doing, so not `Limited`; `acquire` waits and retries); an active key is never evicted to make room, because
 //! that would hand its owner (perhaps an attacker flooding new keys) a fresh
 //! burst. Counters of keys, evictions and refusals are in [`KeyedStats`].
 //!

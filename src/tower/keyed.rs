@@ -111,11 +111,11 @@ impl<L: fmt::Debug, F> fmt::Debug for KeyedRateLimitLayer<L, F> {
 /// # Errors
 ///
 /// The response future fails, without calling the inner service, with
-/// [`RateLimited<K>`] (boxed) when the key is over its limit — including a
-/// new key refused by the limiter's `max_keys`, with an estimated
-/// `retry_after` — and with the limiter's other
-/// [`TryAcquireError`] (`Closed` from a [`Keyed`](crate::keyed::Keyed)
-/// whose factory failed). Otherwise with the inner service's error.
+/// [`RateLimited<K>`] (boxed) when the key is over its limit, and with the
+/// limiter's other [`TryAcquireError`]: `Unavailable` for a new key refused
+/// by the limiter's `max_keys` or a shared store failing closed (a 503, not
+/// a 429), `Closed` from a [`Keyed`](crate::keyed::Keyed) whose factory
+/// failed. Otherwise with the inner service's error.
 ///
 /// # Examples
 ///

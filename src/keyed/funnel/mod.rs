@@ -84,9 +84,9 @@ use word::{Word, decide, is_drained};
 /// memory follows the active keys.
 ///
 /// [`max_keys`](KeyedFunnelBuilder::max_keys) caps the map. When every slot holds an
-/// active key, a *new* key is refused with
-/// `TryAcquireError::Limited { retry_after }` (fail closed): `retry_after`
-/// is then an estimate, the time until a sweep may free a slot. An active
+/// active key, a *new* key is refused with `TryAcquireError::Unavailable`
+/// (fail closed: the map's doing, not the key's, so an HTTP service answers
+/// 503, not 429; `acquire` waits for a sweep to free a slot). An active
 /// key is never evicted to make room, since that would hand its owner a
 /// fresh burst; keys already present keep their exact limits under any
 /// flood of new ones.
@@ -225,7 +225,8 @@ where
                 self.counters.refused();
                 Err(refusal)
             }
-            Poured::MapFull { retry_after } => Err(TryAcquireError::Limited { retry_after }),
+            // Not the key's doing: the map is full (a 503, not a 429).
+            Poured::MapFull { .. } => Err(TryAcquireError::Unavailable),
         }
     }
 
@@ -402,10 +403,11 @@ where
     ///
     /// # Errors
     ///
-    /// [`TryAcquireError::Limited`] with the exact time until they would fit
-    /// (or, for a new key refused by `max_keys`, an estimate of when a slot
-    /// may free up); [`TryAcquireError::InsufficientCapacity`] when `n`
-    /// exceeds the capacity.
+    /// [`TryAcquireError::Limited`] with the exact time until they would
+    /// fit; [`TryAcquireError::Unavailable`] for a new key refused because
+    /// `max_keys` are all active (the map's doing, not the key's);
+    /// [`TryAcquireError::InsufficientCapacity`] when `n` exceeds the
+    /// capacity.
     pub fn try_acquire_many<Q>(&self, key: &Q, n: u32) -> Result<(), TryAcquireError>
     where
         K: Borrow<Q>,
