@@ -178,6 +178,32 @@ pub struct BandState {
     /// How long until it is full again (for a leaky bucket or a funnel:
     /// drained) if nothing more is taken; zero when it is.
     pub full_in: Duration,
+    /// How long until it grants one more permit than `available` if
+    /// nothing more is taken; zero when it is full. (What the `t` of a
+    /// `RateLimit` header field says.)
+    pub next_in: Duration,
+}
+
+impl BandState {
+    /// The state of `band`, whose exact parameters are `p`, with `tat` at
+    /// `now` (scaled units).
+    pub(crate) fn of(band: Band, p: &Params, tat: u128, now: u128) -> BandState {
+        let water = tat.saturating_sub(now);
+        let available = p.available(tat, now);
+        // One more permit once the water is down to τ − (available + 1)·I.
+        let next = if available >= p.capacity() {
+            0
+        } else {
+            let room = p.tau().saturating_sub(p.cost(available + 1));
+            water.saturating_sub(room)
+        };
+        BandState {
+            band,
+            available,
+            full_in: p.duration_ceil(water),
+            next_in: p.duration_ceil(next),
+        }
+    }
 }
 
 /// What a request would get now, without taking anything: the answer its
@@ -215,12 +241,7 @@ impl Peek {
             .zip(bands.params())
             .zip(tats)
         {
-            let now = p.scale_nanos(now_ns);
-            *slot = Some(BandState {
-                band: *band,
-                available: p.available(tat, now),
-                full_in: p.duration_ceil(tat.saturating_sub(now)),
-            });
+            *slot = Some(BandState::of(*band, p, tat, p.scale_nanos(now_ns)));
         }
         Peek { answer, bands: all }
     }

@@ -569,3 +569,32 @@ async fn a_keyed_peek_looks_at_the_keys_own_tier() {
         Err(TryAcquireError::Closed)
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_band_says_when_its_next_permit_comes() {
+    // 2 per second, bursts of 4; and 3 per minute.
+    let quota = Quota::new(Rate::per_second(2), 4).and(Rate::per_minute(3), 3);
+    let bucket = TokenBucket::builder().quota(quota).build().unwrap();
+    let next = |b: &TokenBucket| -> Vec<(u32, Duration, Duration)> {
+        b.peek(1)
+            .bands()
+            .map(|s| (s.available, s.next_in, s.full_in))
+            .collect()
+    };
+    assert_eq!(next(&bucket), [(4, ms(0), ms(0)), (3, ms(0), ms(0))]);
+    bucket.try_acquire_many(3).unwrap();
+    assert_eq!(
+        next(&bucket),
+        [(1, ms(500), ms(1_500)), (0, ms(20_000), ms(60_000))]
+    );
+    time::advance(ms(300)).await;
+    assert_eq!(
+        next(&bucket),
+        [(1, ms(200), ms(1_200)), (0, ms(19_700), ms(59_700))]
+    );
+    time::advance(ms(1_200)).await;
+    assert_eq!(
+        next(&bucket),
+        [(4, ms(0), ms(0)), (0, ms(18_500), ms(58_500))]
+    );
+}

@@ -223,11 +223,7 @@ impl Engine<Bucket> {
                 .map(|_| ())
                 .map_err(|short| p.duration_ceil(short))
         });
-        let state = BandState {
-            band: Band::new(rate, p.capacity()),
-            available: p.available(tat, now),
-            full_in: p.duration_ceil(tat.saturating_sub(now)),
-        };
+        let state = BandState::of(Band::new(rate, p.capacity()), &p, tat, now);
         Peek::new(answer, &[state])
     }
 

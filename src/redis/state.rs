@@ -116,11 +116,7 @@ pub(crate) fn peek(quota: &Encoded, stored: &[Stored], now_us: u64, n: u32) -> P
         let p = e.params();
         let now = e.join(Split { us: now_us, rem: 0 });
         let tat = stored.get(i).map_or(0, |&s| instant(e, s));
-        bands.push(BandState {
-            band: *band,
-            available: p.available(tat, now),
-            full_in: p.duration_ceil(tat.saturating_sub(now)),
-        });
+        bands.push(BandState::of(*band, p, tat, now));
     }
     Peek::new(answer, &bands)
 }

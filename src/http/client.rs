@@ -1,0 +1,516 @@
+//! Who a request comes from: [`ClientKey`] and the extractors that find it.
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::str::FromStr;
+use std::sync::Arc;
+
+use http::Request;
+use http::header::{HeaderName, HeaderValue};
+
+/// The key a request is limited by: one client address (grouped by
+/// prefix), one value of a header (an API key), or one key for everyone.
+///
+/// Converts into a `String` (`"ip:203.0.113.7"`, `"key:abc"`, `"all"`) for
+/// limiters keyed by strings, such as `redis::RedisFunnel`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum ClientKey {
+    /// A client address, its host bits cleared past the prefix length
+    /// ([`ClientIp::ipv6_prefix`]): `2001:db8:1:2::/64` is one key.
+    Ip(IpAddr),
+    /// A header's value (an API key, a tenant id).
+    Value(String),
+    /// Every request: one limit for the whole service.
+    Global,
+}
+
+impl fmt::Display for ClientKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ClientKey::Ip(ip) => write!(f, "ip:{ip}"),
+            ClientKey::Value(v) => write!(f, "key:{v}"),
+            ClientKey::Global => f.write_str("all"),
+        }
+    }
+}
+
+impl From<ClientKey> for String {
+    fn from(key: ClientKey) -> String {
+        key.to_string()
+    }
+}
+
+/// Finds the [`ClientKey`] of a request; `None` when it has none (no
+/// address, no such header). Implemented by the extractors of this module,
+/// by [`Or`] (one, else another), and by any
+/// `Fn(&http::request::Parts) -> Option<ClientKey>`.
+pub trait KeyExtractor: Send + Sync + 'static {
+    /// The key of a request with these parts (method, URI, headers,
+    /// extensions).
+    fn extract(&self, request: &http::request::Parts) -> Option<ClientKey>;
+
+    /// This extractor, else `other` when this one finds nothing: per API key
+    /// if there is one, else per client address.
+    fn or<E: KeyExtractor>(self, other: E) -> Or<Self, E>
+    where
+        Self: Sized,
+    {
+        Or(self, other)
+    }
+}
+
+impl<F> KeyExtractor for F
+where
+    F: Fn(&http::request::Parts) -> Option<ClientKey> + Send + Sync + 'static,
+{
+    fn extract(&self, request: &http::request::Parts) -> Option<ClientKey> {
+        self(request)
+    }
+}
+
+/// The first extractor's key, else the second's: made by
+/// [`KeyExtractor::or`].
+#[derive(Debug, Clone)]
+pub struct Or<A, B>(A, B);
+
+impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for Or<A, B> {
+    fn extract(&self, request: &http::request::Parts) -> Option<ClientKey> {
+        self.0.extract(request).or_else(|| self.1.extract(request))
+    }
+}
+
+/// One key for every request ([`ClientKey::Global`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Global;
+
+impl KeyExtractor for Global {
+    fn extract(&self, _: &http::request::Parts) -> Option<ClientKey> {
+        Some(ClientKey::Global)
+    }
+}
+
+/// A header's value as the key: an API key, a tenant id. A request without
+/// the header (or with a value that is not visible ASCII) has no key.
+///
+/// The value is whatever the client sent: key by it only what the client
+/// cannot pick freely (an API key the service checks), or a client can
+/// have a fresh limit per request.
+#[derive(Debug, Clone)]
+pub struct Header {
+    name: HeaderName,
+}
+
+impl Header {
+    /// The value of header `name` (e.g. `"x-api-key"`).
+    ///
+    /// # Panics
+    ///
+    /// When `name` is not a valid header name.
+    pub fn new(name: &str) -> Header {
+        Header {
+            name: HeaderName::from_str(name).expect("a valid header name"),
+        }
+    }
+}
+
+impl KeyExtractor for Header {
+    fn extract(&self, request: &http::request::Parts) -> Option<ClientKey> {
+        let value = request.headers.get(&self.name)?.to_str().ok()?;
+        (!value.is_empty()).then(|| ClientKey::Value(value.to_owned()))
+    }
+}
+
+/// An IP network, such as `10.0.0.0/8` or `2001:db8::/32`: what
+/// [`ClientIp::trust`] takes for the proxies in front of the service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cidr {
+    network: IpAddr,
+    len: u8,
+}
+
+/// A string that is not an address or network.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CidrError(String);
+
+impl fmt::Display for CidrError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "not an IP network (such as 10.0.0.0/8): {:?}", self.0)
+    }
+}
+
+impl std::error::Error for CidrError {}
+
+impl FromStr for Cidr {
+    type Err = CidrError;
+
+    /// `"10.0.0.0/8"`, `"::1/128"`, or a bare address (all its bits).
+    fn from_str(s: &str) -> Result<Cidr, CidrError> {
+        let error = || CidrError(s.to_owned());
+        let (addr, len) = match s.split_once('/') {
+            Some((addr, len)) => (addr, Some(len.parse::<u8>().map_err(|_| error())?)),
+            None => (s, None),
+        };
+        let addr: IpAddr = addr.parse().map_err(|_| error())?;
+        let max = bits(addr);
+        let len = len.unwrap_or(max);
+        if len > max {
+            return Err(error());
+        }
+        Ok(Cidr {
+            network: mask(addr, len),
+            len,
+        })
+    }
+}
+
+impl Cidr {
+    /// Whether `ip` is in this network (an IPv4-mapped IPv6 address counts
+    /// as its IPv4 address).
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let ip = canonical(ip);
+        bits(ip) == bits(self.network) && mask(ip, self.len) == self.network
+    }
+}
+
+fn bits(ip: IpAddr) -> u8 {
+    if ip.is_ipv4() { 32 } else { 128 }
+}
+
+/// `ip` with every bit past the first `len` cleared.
+fn mask(ip: IpAddr, len: u8) -> IpAddr {
+    match ip {
+        IpAddr::V4(v4) => {
+            let keep = u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0);
+            IpAddr::V4(Ipv4Addr::from(u32::from(v4) & keep))
+        }
+        IpAddr::V6(v6) => {
+            let keep = u128::MAX.checked_shl(128 - u32::from(len)).unwrap_or(0);
+            IpAddr::V6(Ipv6Addr::from(u128::from(v6) & keep))
+        }
+    }
+}
+
+/// An IPv4-mapped IPv6 address (`::ffff:1.2.3.4`) as the IPv4 address it
+/// is, so that dual-stack sockets key an IPv4 client as IPv4.
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        IpAddr::V4(_) => ip,
+    }
+}
+
+/// The client's address: the peer of the connection, or — behind proxies
+/// the service trusts — the address they say they forwarded for, grouped
+/// by prefix.
+///
+/// The peer address comes from the request's extensions: a
+/// [`SocketAddr`], or axum's `ConnectInfo<SocketAddr>` with the `axum`
+/// feature (serve with `into_make_service_with_connect_info::<SocketAddr>()`).
+///
+/// # Proxies
+///
+/// By default no proxy is trusted and forwarding headers are ignored: a
+/// client that could set `X-Forwarded-For` itself could pick a fresh
+/// identity per request. With [`trust`](Self::trust), a peer in a trusted
+/// network is a proxy: the client is found by walking the forwarded chain
+/// (`Forwarded: for=…`, RFC 7239, else `X-Forwarded-For`, else
+/// `X-Real-IP`) from the right, past every trusted hop, to the first
+/// address that is not trusted. A hop that is not an address (`unknown`,
+/// an obfuscated `_name`, garbage) ends the walk at the last trusted hop,
+/// which is then the key: a proxy that forwards for clients it cannot name
+/// is limited as one client. At most [`max_hops`](Self::max_hops) hops are
+/// read.
+///
+/// # Grouping
+///
+/// One host with an IPv6 /64 has 2⁶⁴ addresses: keyed one per address, it
+/// could take 2⁶⁴ limits (and, with `max_keys`, fill the map and lock out
+/// everyone new). So IPv6 addresses are keyed by their /64 and IPv4 ones by
+/// the whole address, each configurable.
+#[derive(Debug, Clone)]
+pub struct ClientIp {
+    trusted: Arc<[Cidr]>,
+    ipv4_prefix: u8,
+    ipv6_prefix: u8,
+    max_hops: usize,
+}
+
+impl Default for ClientIp {
+    fn default() -> Self {
+        ClientIp {
+            trusted: Arc::new([]),
+            ipv4_prefix: 32,
+            ipv6_prefix: 64,
+            max_hops: 16,
+        }
+    }
+}
+
+impl ClientIp {
+    /// The peer's address, no proxy trusted, IPv6 by /64.
+    pub fn new() -> ClientIp {
+        ClientIp::default()
+    }
+
+    /// Trusts the proxies in these networks (their forwarding headers are
+    /// read).
+    ///
+    /// # Errors
+    ///
+    /// A network that does not parse.
+    pub fn trust<I, S>(mut self, networks: I) -> Result<ClientIp, CidrError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let mut all: Vec<Cidr> = self.trusted.to_vec();
+        for n in networks {
+            all.push(n.as_ref().parse()?);
+        }
+        self.trusted = all.into();
+        Ok(self)
+    }
+
+    /// How many leading bits of an IPv4 address make one key (default 32:
+    /// every address its own).
+    ///
+    /// # Panics
+    ///
+    /// Above 32.
+    #[must_use]
+    pub fn ipv4_prefix(mut self, bits: u8) -> ClientIp {
+        assert!(bits <= 32, "an IPv4 prefix is at most 32 bits");
+        self.ipv4_prefix = bits;
+        self
+    }
+
+    /// How many leading bits of an IPv6 address make one key (default 64:
+    /// a host's usual allocation).
+    ///
+    /// # Panics
+    ///
+    /// Above 128.
+    #[must_use]
+    pub fn ipv6_prefix(mut self, bits: u8) -> ClientIp {
+        assert!(bits <= 128, "an IPv6 prefix is at most 128 bits");
+        self.ipv6_prefix = bits;
+        self
+    }
+
+    /// The most forwarded hops read, from the right (default 16). A longer
+    /// chain's client is taken among the last `max_hops`: the first
+    /// untrusted one, else the leftmost read.
+    #[must_use]
+    pub fn max_hops(mut self, hops: usize) -> ClientIp {
+        self.max_hops = hops.max(1);
+        self
+    }
+
+    fn is_trusted(&self, ip: IpAddr) -> bool {
+        self.trusted.iter().any(|n| n.contains(ip))
+    }
+
+    /// `ip` grouped by its prefix.
+    fn key(&self, ip: IpAddr) -> ClientKey {
+        let ip = canonical(ip);
+        let len = if ip.is_ipv4() {
+            self.ipv4_prefix
+        } else {
+            self.ipv6_prefix
+        };
+        ClientKey::Ip(mask(ip, len))
+    }
+
+    /// The client's address for a request from `peer`.
+    pub fn client(&self, peer: IpAddr, headers: &http::HeaderMap) -> IpAddr {
+        let peer = canonical(peer);
+        if !self.is_trusted(peer) {
+            return peer;
+        }
+        let hops = forwarded_hops(headers);
+        let mut client = peer;
+        for hop in hops.iter().rev().take(self.max_hops) {
+            let Some(ip) = hop else {
+                // Not an address: the last trusted hop is the client.
+                return client;
+            };
+            client = canonical(*ip);
+            if !self.is_trusted(client) {
+                return client;
+            }
+        }
+        client
+    }
+}
+
+impl KeyExtractor for ClientIp {
+    fn extract(&self, request: &http::request::Parts) -> Option<ClientKey> {
+        let peer = peer_addr(&request.extensions)?;
+        Some(self.key(self.client(peer.ip(), &request.headers)))
+    }
+}
+
+/// The connection's peer address from a request's extensions.
+fn peer_addr(extensions: &http::Extensions) -> Option<SocketAddr> {
+    if let Some(addr) = extensions.get::<SocketAddr>() {
+        return Some(*addr);
+    }
+    #[cfg(feature = "axum")]
+    if let Some(axum::extract::ConnectInfo(addr)) =
+        extensions.get::<axum::extract::ConnectInfo<SocketAddr>>()
+    {
+        return Some(*addr);
+    }
+    None
+}
+
+/// The forwarded chain, leftmost (the original client) first: from
+/// `Forwarded` (every `for=` of every element), else `X-Forwarded-For`,
+/// else `X-Real-IP`. `None` marks a hop that is not an address.
+fn forwarded_hops(headers: &http::HeaderMap) -> Vec<Option<IpAddr>> {
+    let values = |name: &str| -> Vec<&HeaderValue> { headers.get_all(name).iter().collect() };
+    let forwarded = values("forwarded");
+    if !forwarded.is_empty() {
+        let mut hops = Vec::new();
+        for value in forwarded {
+            let Ok(value) = value.to_str() else {
+                hops.push(None);
+                continue;
+            };
+            for element in value.split(',') {
+                for pair in element.split(';') {
+                    if let Some((k, v)) = pair.trim().split_once('=') {
+                        if k.trim().eq_ignore_ascii_case("for") {
+                            hops.push(parse_hop(v.trim().trim_matches('"')));
+                        }
+                    }
+                }
+            }
+        }
+        return hops;
+    }
+    for name in ["x-forwarded-for", "x-real-ip"] {
+        let list = values(name);
+        if !list.is_empty() {
+            return list
+                .into_iter()
+                .flat_map(|v| match v.to_str() {
+                    Ok(v) => v.split(',').map(|h| parse_hop(h.trim())).collect(),
+                    Err(_) => vec![None],
+                })
+                .collect();
+        }
+    }
+    Vec::new()
+}
+
+/// One hop: `1.2.3.4`, `1.2.3.4:80`, `2001:db8::1`, `[2001:db8::1]:80`,
+/// `fe80::1%eth0` (the zone dropped).
+fn parse_hop(hop: &str) -> Option<IpAddr> {
+    if let Ok(ip) = hop.parse::<IpAddr>() {
+        return Some(ip);
+    }
+    if let Ok(addr) = hop.parse::<SocketAddr>() {
+        return Some(addr.ip());
+    }
+    let bare = hop.strip_prefix('[').map_or(hop, |h| h.split(']').next().unwrap_or(h));
+    let bare = bare.split('%').next().unwrap_or(bare);
+    bare.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> http::HeaderMap {
+        let mut map = http::HeaderMap::new();
+        for (k, v) in pairs {
+            map.append(HeaderName::from_str(k).unwrap(), HeaderValue::from_str(v).unwrap());
+        }
+        map
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn networks_parse_and_contain() {
+        let n: Cidr = "10.0.0.0/8".parse().unwrap();
+        assert!(n.contains(ip("10.255.0.1")));
+        assert!(!n.contains(ip("11.0.0.1")));
+        assert!(n.contains(ip("::ffff:10.1.2.3")), "IPv4-mapped");
+        let v6: Cidr = "2001:db8::/32".parse().unwrap();
+        assert!(v6.contains(ip("2001:db8:ffff::1")));
+        assert!(!v6.contains(ip("10.0.0.1")));
+        assert!("1.2.3.4".parse::<Cidr>().unwrap().contains(ip("1.2.3.4")));
+        assert!("0.0.0.0/0".parse::<Cidr>().unwrap().contains(ip("8.8.8.8")));
+        for bad in ["10.0.0.0/33", "::/129", "10.0.0/8", "garbage", "1.2.3.4/x", ""] {
+            assert!(bad.parse::<Cidr>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn an_untrusted_peer_is_the_client_whatever_it_claims() {
+        let extractor = ClientIp::new();
+        let spoofed = headers(&[("x-forwarded-for", "1.1.1.1"), ("forwarded", "for=2.2.2.2")]);
+        assert_eq!(extractor.client(ip("203.0.113.9"), &spoofed), ip("203.0.113.9"));
+        let trusting = ClientIp::new().trust(["10.0.0.0/8"]).unwrap();
+        assert_eq!(trusting.client(ip("203.0.113.9"), &spoofed), ip("203.0.113.9"));
+    }
+
+    #[test]
+    fn two_trusted_proxies_name_the_client() {
+        let extractor = ClientIp::new().trust(["10.0.0.0/8", "192.168.0.0/16"]).unwrap();
+        // client 198.51.100.4 → proxy 192.168.1.1 → proxy 10.0.0.2 → us.
+        let h = headers(&[("x-forwarded-for", "6.6.6.6, 198.51.100.4, 192.168.1.1")]);
+        assert_eq!(extractor.client(ip("10.0.0.2"), &h), ip("198.51.100.4"));
+        // The client's own claim (6.6.6.6, leftmost) is not believed.
+        let h = headers(&[("forwarded", r#"for=6.6.6.6, for="[2001:db8::7]:4711";proto=https, for=192.168.1.1"#)]);
+        assert_eq!(extractor.client(ip("10.0.0.2"), &h), ip("2001:db8::7"));
+        let h = headers(&[("x-real-ip", "198.51.100.5")]);
+        assert_eq!(extractor.client(ip("10.0.0.2"), &h), ip("198.51.100.5"));
+        // Forwarded wins over X-Forwarded-For when both are there.
+        let h = headers(&[("forwarded", "for=198.51.100.6"), ("x-forwarded-for", "198.51.100.7")]);
+        assert_eq!(extractor.client(ip("10.0.0.2"), &h), ip("198.51.100.6"));
+    }
+
+    #[test]
+    fn malformed_chains_end_at_the_last_trusted_hop() {
+        let extractor = ClientIp::new().trust(["10.0.0.0/8"]).unwrap().max_hops(3);
+        for (value, client) in [
+            ("garbage", "10.0.0.2"),
+            ("1.2.3.4, unknown", "10.0.0.2"),
+            ("1.2.3.4, _hidden, 10.0.0.9", "10.0.0.9"),
+            ("1.2.3.4:8080", "1.2.3.4"),
+            ("[2001:db8::1]:443", "2001:db8::1"),
+            ("fe80::1%eth0", "fe80::1"),
+            ("", "10.0.0.2"),
+            (",,,", "10.0.0.2"),
+            // More hops than read: the first untrusted among the last 3.
+            ("9.9.9.9, 10.0.0.5, 10.0.0.6, 10.0.0.7", "10.0.0.5"),
+        ] {
+            let h = headers(&[("x-forwarded-for", value)]);
+            assert_eq!(extractor.client(ip("10.0.0.2"), &h), ip(client), "{value:?}");
+        }
+        let mut h = http::HeaderMap::new();
+        h.insert("x-forwarded-for", HeaderValue::from_bytes(b"\xff\xfe").unwrap());
+        assert_eq!(extractor.client(ip("10.0.0.2"), &h), ip("10.0.0.2"));
+    }
+
+    #[test]
+    fn ipv6_is_keyed_by_its_prefix() {
+        let e = ClientIp::new();
+        let a = e.key(ip("2001:db8:1:2:aaaa::1"));
+        let b = e.key(ip("2001:db8:1:2:ffff:ffff:ffff:ffff"));
+        assert_eq!(a, b);
+        assert_eq!(a, ClientKey::Ip(ip("2001:db8:1:2::")));
+        assert_ne!(a, e.key(ip("2001:db8:1:3::1")));
+        assert_eq!(e.key(ip("::ffff:1.2.3.4")), ClientKey::Ip(ip("1.2.3.4")));
+        let e = e.ipv4_prefix(24).ipv6_prefix(48);
+        assert_eq!(e.key(ip("1.2.3.4")), ClientKey::Ip(ip("1.2.3.0")));
+        assert_eq!(e.key(ip("2001:db8:1:2::1")), ClientKey::Ip(ip("2001:db8:1::")));
+        assert_eq!(ClientKey::Ip(ip("1.2.3.0")).to_string(), "ip:1.2.3.0");
+    }
+}
