@@ -200,6 +200,9 @@ mod clock;
 mod engine;
 mod error;
 mod funnel;
+#[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
+pub mod http;
 pub mod keyed;
 mod leaky;
 mod limiter;

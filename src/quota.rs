@@ -246,6 +246,13 @@ impl Peek {
         Peek { answer, bands: all }
     }
 
+    /// These bands with another answer: a decision already made, and the
+    /// state it left.
+    pub(crate) fn with_answer(mut self, answer: Result<(), TryAcquireError>) -> Peek {
+        self.answer = answer;
+        self
+    }
+
     /// What `try_acquire_many(n)` would answer now.
     ///
     /// # Errors

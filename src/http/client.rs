@@ -5,7 +5,6 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::str::FromStr;
 use std::sync::Arc;
 
-use http::Request;
 use http::header::{HeaderName, HeaderValue};
 
 /// The key a request is limited by: one client address (grouped by
@@ -414,7 +413,9 @@ fn parse_hop(hop: &str) -> Option<IpAddr> {
     if let Ok(addr) = hop.parse::<SocketAddr>() {
         return Some(addr.ip());
     }
-    let bare = hop.strip_prefix('[').map_or(hop, |h| h.split(']').next().unwrap_or(h));
+    let bare = hop
+        .strip_prefix('[')
+        .map_or(hop, |h| h.split(']').next().unwrap_or(h));
     let bare = bare.split('%').next().unwrap_or(bare);
     bare.parse().ok()
 }
@@ -426,7 +427,10 @@ mod tests {
     fn headers(pairs: &[(&str, &str)]) -> http::HeaderMap {
         let mut map = http::HeaderMap::new();
         for (k, v) in pairs {
-            map.append(HeaderName::from_str(k).unwrap(), HeaderValue::from_str(v).unwrap());
+            map.append(
+                HeaderName::from_str(k).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
         }
         map
     }
@@ -446,7 +450,14 @@ mod tests {
         assert!(!v6.contains(ip("10.0.0.1")));
         assert!("1.2.3.4".parse::<Cidr>().unwrap().contains(ip("1.2.3.4")));
         assert!("0.0.0.0/0".parse::<Cidr>().unwrap().contains(ip("8.8.8.8")));
-        for bad in ["10.0.0.0/33", "::/129", "10.0.0/8", "garbage", "1.2.3.4/x", ""] {
+        for bad in [
+            "10.0.0.0/33",
+            "::/129",
+            "10.0.0/8",
+            "garbage",
+            "1.2.3.4/x",
+            "",
+        ] {
             assert!(bad.parse::<Cidr>().is_err(), "{bad}");
         }
     }
@@ -455,24 +466,38 @@ mod tests {
     fn an_untrusted_peer_is_the_client_whatever_it_claims() {
         let extractor = ClientIp::new();
         let spoofed = headers(&[("x-forwarded-for", "1.1.1.1"), ("forwarded", "for=2.2.2.2")]);
-        assert_eq!(extractor.client(ip("203.0.113.9"), &spoofed), ip("203.0.113.9"));
+        assert_eq!(
+            extractor.client(ip("203.0.113.9"), &spoofed),
+            ip("203.0.113.9")
+        );
         let trusting = ClientIp::new().trust(["10.0.0.0/8"]).unwrap();
-        assert_eq!(trusting.client(ip("203.0.113.9"), &spoofed), ip("203.0.113.9"));
+        assert_eq!(
+            trusting.client(ip("203.0.113.9"), &spoofed),
+            ip("203.0.113.9")
+        );
     }
 
     #[test]
     fn two_trusted_proxies_name_the_client() {
-        let extractor = ClientIp::new().trust(["10.0.0.0/8", "192.168.0.0/16"]).unwrap();
+        let extractor = ClientIp::new()
+            .trust(["10.0.0.0/8", "192.168.0.0/16"])
+            .unwrap();
         // client 198.51.100.4 → proxy 192.168.1.1 → proxy 10.0.0.2 → us.
         let h = headers(&[("x-forwarded-for", "6.6.6.6, 198.51.100.4, 192.168.1.1")]);
         assert_eq!(extractor.client(ip("10.0.0.2"), &h), ip("198.51.100.4"));
         // The client's own claim (6.6.6.6, leftmost) is not believed.
-        let h = headers(&[("forwarded", r#"for=6.6.6.6, for="[2001:db8::7]:4711";proto=https, for=192.168.1.1"#)]);
+        let h = headers(&[(
+            "forwarded",
+            r#"for=6.6.6.6, for="[2001:db8::7]:4711";proto=https, for=192.168.1.1"#,
+        )]);
         assert_eq!(extractor.client(ip("10.0.0.2"), &h), ip("2001:db8::7"));
         let h = headers(&[("x-real-ip", "198.51.100.5")]);
         assert_eq!(extractor.client(ip("10.0.0.2"), &h), ip("198.51.100.5"));
         // Forwarded wins over X-Forwarded-For when both are there.
-        let h = headers(&[("forwarded", "for=198.51.100.6"), ("x-forwarded-for", "198.51.100.7")]);
+        let h = headers(&[
+            ("forwarded", "for=198.51.100.6"),
+            ("x-forwarded-for", "198.51.100.7"),
+        ]);
         assert_eq!(extractor.client(ip("10.0.0.2"), &h), ip("198.51.100.6"));
     }
 
@@ -492,10 +517,17 @@ mod tests {
             ("9.9.9.9, 10.0.0.5, 10.0.0.6, 10.0.0.7", "10.0.0.5"),
         ] {
             let h = headers(&[("x-forwarded-for", value)]);
-            assert_eq!(extractor.client(ip("10.0.0.2"), &h), ip(client), "{value:?}");
+            assert_eq!(
+                extractor.client(ip("10.0.0.2"), &h),
+                ip(client),
+                "{value:?}"
+            );
         }
         let mut h = http::HeaderMap::new();
-        h.insert("x-forwarded-for", HeaderValue::from_bytes(b"\xff\xfe").unwrap());
+        h.insert(
+            "x-forwarded-for",
+            HeaderValue::from_bytes(b"\xff\xfe").unwrap(),
+        );
         assert_eq!(extractor.client(ip("10.0.0.2"), &h), ip("10.0.0.2"));
     }
 
@@ -510,7 +542,10 @@ mod tests {
         assert_eq!(e.key(ip("::ffff:1.2.3.4")), ClientKey::Ip(ip("1.2.3.4")));
         let e = e.ipv4_prefix(24).ipv6_prefix(48);
         assert_eq!(e.key(ip("1.2.3.4")), ClientKey::Ip(ip("1.2.3.0")));
-        assert_eq!(e.key(ip("2001:db8:1:2::1")), ClientKey::Ip(ip("2001:db8:1::")));
+        assert_eq!(
+            e.key(ip("2001:db8:1:2::1")),
+            ClientKey::Ip(ip("2001:db8:1::"))
+        );
         assert_eq!(ClientKey::Ip(ip("1.2.3.0")).to_string(), "ip:1.2.3.0");
     }
 }

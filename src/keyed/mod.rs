@@ -58,7 +58,7 @@ pub use funnel::{KeyedFunnel, KeyedFunnelBuilder};
 pub use generic::{Keyed, KeyedBuilder};
 pub use map::KeyedStats;
 
-use crate::{Limiter, Peek, TryAcquireError, clock};
+use crate::{Limiter, Peek, Quota, TryAcquireError, clock};
 
 /// What [`KeyedFunnel`] and [`Keyed`] have in common: a limit per key,
 /// asked without waiting. Code that should work with either — like the
@@ -109,6 +109,19 @@ pub trait KeyedLimiter: Send + Sync {
         let _ = (key, n);
         None
     }
+
+    /// As [`AsyncKeyedLimiter::try_acquire_and_peek`], at once.
+    fn try_acquire_and_peek(&self, key: &Self::Key, quota: Option<&Quota>, n: u32) -> Peek {
+        if quota.is_some() {
+            tracing::error!("keyed limiter: this limit takes no quota per call");
+            return Peek::new(Err(TryAcquireError::Closed), &[]);
+        }
+        let answer = self.try_acquire_many(key, n);
+        match self.peek(key, 0) {
+            Some(peek) => peek.with_answer(answer),
+            None => Peek::new(answer, &[]),
+        }
+    }
 }
 
 impl<K, S> KeyedLimiter for KeyedFunnel<K, S>
@@ -124,6 +137,10 @@ where
 
     fn peek(&self, key: &K, n: u32) -> Option<Peek> {
         Some(KeyedFunnel::peek(self, key, n))
+    }
+
+    fn try_acquire_and_peek(&self, key: &K, quota: Option<&Quota>, n: u32) -> Peek {
+        KeyedFunnel::try_acquire_and_peek(self, key, quota, n)
     }
 }
 
@@ -206,6 +223,30 @@ pub trait AsyncKeyedLimiter: Send + Sync {
         let _ = (key, n);
         Ok(None)
     }
+
+    /// Takes `n` permits like [`try_acquire_many`](Self::try_acquire_many)
+    /// — under `quota` when one is given (a tier), else the limit's own —
+    /// and reports each band's state after it: the decision is the
+    /// report's [`answer`](Peek::answer), and its bands are what the
+    /// `RateLimit` response headers show. No bands when the limit cannot
+    /// tell.
+    ///
+    /// The default takes, then peeks (for a shared store, two round trips);
+    /// the crate's limiters do it in one step. A quota the limit cannot
+    /// hold a key to (one a `KeyedFunnel` was not built with, or any for a
+    /// limit that has no tiers) is refused as `Closed`, and logged.
+    async fn try_acquire_and_peek(&self, key: &Self::Key, quota: Option<&Quota>, n: u32) -> Peek {
+        if quota.is_some() {
+            tracing::error!("keyed limiter: this limit takes no quota per call");
+            return Peek::new(Err(TryAcquireError::Closed), &[]);
+        }
+        let answer = self.try_acquire_many(key, n).await;
+        let bands = match self.peek(key, 0).await {
+            Ok(Some(peek)) => peek,
+            _ => Peek::new(Ok(()), &[]),
+        };
+        bands.with_answer(answer)
+    }
 }
 
 #[async_trait::async_trait]
@@ -226,6 +267,10 @@ where
     async fn peek(&self, key: &Self::Key, n: u32) -> Result<Option<Peek>, TryAcquireError> {
         Ok(KeyedLimiter::peek(self, key, n))
     }
+
+    async fn try_acquire_and_peek(&self, key: &Self::Key, quota: Option<&Quota>, n: u32) -> Peek {
+        KeyedLimiter::try_acquire_and_peek(self, key, quota, n)
+    }
 }
 
 /// A shared handle (`Arc<dyn AsyncKeyedLimiter<Key = K>>` picked from
@@ -244,6 +289,10 @@ impl<L: AsyncKeyedLimiter + ?Sized> AsyncKeyedLimiter for Arc<L> {
 
     async fn peek(&self, key: &Self::Key, n: u32) -> Result<Option<Peek>, TryAcquireError> {
         (**self).peek(key, n).await
+    }
+
+    async fn try_acquire_and_peek(&self, key: &Self::Key, quota: Option<&Quota>, n: u32) -> Peek {
+        (**self).try_acquire_and_peek(key, quota, n).await
     }
 }
 

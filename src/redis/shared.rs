@@ -3,7 +3,7 @@
 
 use super::{RedisFunnel, RedisLimitError};
 use crate::keyed::AsyncKeyedLimiter;
-use crate::{Peek, TryAcquireError};
+use crate::{Peek, Quota, TryAcquireError};
 
 /// Keys are the strings after the limiter's prefix. Redis failures follow
 /// the [`FailurePolicy`](super::FailurePolicy): failing open the request is
@@ -17,14 +17,7 @@ impl AsyncKeyedLimiter for RedisFunnel {
     async fn try_acquire_many(&self, key: &String, n: u32) -> Result<(), TryAcquireError> {
         RedisFunnel::try_acquire_many(self, key, n)
             .await
-            .map_err(|e| match e {
-                RedisLimitError::Limited { retry_after } => {
-                    TryAcquireError::Limited { retry_after }
-                }
-                RedisLimitError::InsufficientCapacity => TryAcquireError::InsufficientCapacity,
-                // Timeout, Backend, and what may be added: the store failed.
-                _ => TryAcquireError::Unavailable,
-            })
+            .map_err(|e| refusal(&e))
     }
 
     async fn peek(&self, key: &String, n: u32) -> Result<Option<Peek>, TryAcquireError> {
@@ -32,5 +25,32 @@ impl AsyncKeyedLimiter for RedisFunnel {
             .await
             .map(Some)
             .map_err(|_| TryAcquireError::Unavailable)
+    }
+
+    /// Any quota (a tier) is taken with the call. Two round trips for now:
+    /// the decision, then a look at the state it left.
+    async fn try_acquire_and_peek(&self, key: &String, quota: Option<&Quota>, n: u32) -> Peek {
+        let own = self.quota();
+        let quota = quota.unwrap_or(&own);
+        let answer = self
+            .try_acquire_with(key, quota, n)
+            .await
+            .map_err(|e| refusal(&e));
+        match self.peek_with(key, quota, 0).await {
+            Ok(peek) => peek.with_answer(answer),
+            Err(_) => Peek::new(answer, &[]),
+        }
+    }
+}
+
+/// A Redis refusal as the keyed trait's.
+fn refusal(e: &RedisLimitError) -> TryAcquireError {
+    match e {
+        &RedisLimitError::Limited { retry_after } => TryAcquireError::Limited { retry_after },
+        RedisLimitError::InsufficientCapacity => TryAcquireError::InsufficientCapacity,
+        // A quota the script cannot represent: this limit cannot serve it.
+        RedisLimitError::InvalidQuota(_) => TryAcquireError::Closed,
+        // Timeout, Backend, and what may be added: the store failed.
+        _ => TryAcquireError::Unavailable,
     }
 }

@@ -194,18 +194,20 @@ where
     ///
     /// When the map was not built with it.
     fn tier(&self, quota: &Quota) -> &Tier {
-        if self.default.quota == *quota {
-            return &self.default;
-        }
-        self.others
-            .iter()
-            .find(|t| t.quota == *quota)
-            .unwrap_or_else(|| {
-                panic!(
-                    "KeyedFunnel: quota {quota:?} is not one of the map's; \
+        self.find_tier(quota).unwrap_or_else(|| {
+            panic!(
+                "KeyedFunnel: quota {quota:?} is not one of the map's; \
                      declare it with KeyedFunnelBuilder::tier"
-                )
-            })
+            )
+        })
+    }
+
+    /// The tier of `quota`, if the map was built with it.
+    fn find_tier(&self, quota: &Quota) -> Option<&Tier> {
+        if self.default.quota == *quota {
+            return Some(&self.default);
+        }
+        self.others.iter().find(|t| t.quota == *quota)
     }
 
     /// Pours `n` units into `key`'s funnel under `tier` if they fit now,
@@ -662,6 +664,33 @@ where
         Q: Hash + Eq + ?Sized,
     {
         self.inner.peek(key, self.inner.tier(quota), n)
+    }
+
+    /// Pours `n` units into `key`'s funnel if they fit now — under
+    /// `quota`, one of the map's tiers, when one is given — and reports
+    /// each band's state after it: the decision is the report's
+    /// [`answer`](Peek::answer) (counted as `try_acquire_many`'s), and its
+    /// bands are what `RateLimit` response headers show. A quota the map
+    /// was not built with is refused as `Closed` (and logged), never a
+    /// panic: this is what middleware calls.
+    pub fn try_acquire_and_peek<Q>(&self, key: &Q, quota: Option<&Quota>, n: u32) -> Peek
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned + ?Sized,
+        Q::Owned: Into<K>,
+    {
+        let tier = match quota {
+            None => &self.inner.default,
+            Some(quota) => {
+                let Some(tier) = self.inner.find_tier(quota) else {
+                    tracing::error!(?quota, "KeyedFunnel: a quota the map was not built with");
+                    return Peek::new(Err(TryAcquireError::Closed), &[]);
+                };
+                tier
+            }
+        };
+        let answer = self.inner.try_acquire(key, tier, n);
+        self.inner.peek(key, tier, 0).with_answer(answer)
     }
 
     /// Keys held now (including drained ones not swept yet).

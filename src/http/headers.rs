@@ -1,0 +1,172 @@
+//! The `RateLimit-Policy` and `RateLimit` fields of
+//! draft-ietf-httpapi-ratelimit-headers (revision 12), and the legacy
+//! `X-RateLimit-*` ones, from a limit's band states.
+//!
+//! Each band is one policy, named for what it allows: `"40-per-2s"`. A
+//! band of capacity `C` refilled at one permit per `I` refills its whole
+//! capacity in `τ = C·I`, which is the policy's window: `w = ⌈τ⌉` seconds
+//! (at least 1, as the draft wants a whole, positive number), and `q` is
+//! what refills in `w`, `⌊w / I⌋` — the capacity itself when `τ` is whole
+//! seconds. In `RateLimit`, `r` is the permits available now and `t` the
+//! seconds until one more is (rounded up; 0 when the band is full).
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use http::HeaderValue;
+
+use crate::{Band, BandState};
+
+/// One band as a policy: its name, `q` and `w`.
+pub(crate) struct Policy {
+    pub(crate) name: String,
+    pub(crate) q: u64,
+    pub(crate) w: u64,
+}
+
+impl Policy {
+    pub(crate) fn of(band: &Band) -> Policy {
+        let period = band.rate().period().as_nanos();
+        let permits = u128::from(band.rate().permits());
+        // τ in ns = C × period / permits; w = ⌈τ⌉ s, at least 1.
+        let tau_ns = u128::from(band.capacity()) * period;
+        let w = tau_ns.div_ceil(permits * 1_000_000_000).max(1);
+        // q = ⌊w s / I⌋ = ⌊w × 10⁹ × permits / period⌋.
+        let q = w * 1_000_000_000 * permits / period;
+        let (w, q) = (
+            u64::try_from(w).unwrap_or(u64::MAX),
+            u64::try_from(q).unwrap_or(u64::MAX),
+        );
+        Policy {
+            name: format!("{q}-per-{w}s"),
+            q,
+            w,
+        }
+    }
+}
+
+/// Whole seconds, rounded up.
+pub(crate) fn seconds_up(d: Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
+/// `RateLimit-Policy`: one item per band (`"q-per-ws";q=…;w=…`).
+pub(crate) fn policy(bands: &[BandState]) -> Option<HeaderValue> {
+    list(bands, |out, b| {
+        let p = Policy::of(&b.band);
+        write!(out, "\"{}\";q={};w={}", p.name, p.q, p.w)
+    })
+}
+
+/// `RateLimit`: one item per band (`"q-per-ws";r=…;t=…`).
+pub(crate) fn limit(bands: &[BandState]) -> Option<HeaderValue> {
+    list(bands, |out, b| {
+        let p = Policy::of(&b.band);
+        write!(
+            out,
+            "\"{}\";r={};t={}",
+            p.name,
+            b.available,
+            seconds_up(b.next_in)
+        )
+    })
+}
+
+/// The legacy fields, for the band that binds first (the fewest
+/// available; the later reset on a tie): `X-RateLimit-Limit` (its `q`),
+/// `-Remaining` and `-Reset` (seconds until one more).
+pub(crate) fn legacy(bands: &[BandState]) -> Option<[(&'static str, HeaderValue); 3]> {
+    let b = bands
+        .iter()
+        .min_by_key(|b| (b.available, std::cmp::Reverse(b.next_in)))?;
+    Some([
+        ("x-ratelimit-limit", Policy::of(&b.band).q.into()),
+        ("x-ratelimit-remaining", b.available.into()),
+        ("x-ratelimit-reset", seconds_up(b.next_in).into()),
+    ])
+}
+
+fn list(
+    bands: &[BandState],
+    mut item: impl FnMut(&mut String, &BandState) -> std::fmt::Result,
+) -> Option<HeaderValue> {
+    if bands.is_empty() {
+        return None;
+    }
+    let mut out = String::new();
+    for (i, b) in bands.iter().enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        item(&mut out, b).ok()?;
+    }
+    // Digits, letters, `"`, `;`, `=`, `,`, `-` and spaces: always a valid
+    // header value.
+    HeaderValue::from_str(&out).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Rate;
+
+    fn state(rate: Rate, capacity: u32, available: u32, next_in: Duration) -> BandState {
+        BandState {
+            band: Band::new(rate, capacity),
+            available,
+            full_in: Duration::ZERO,
+            next_in,
+        }
+    }
+
+    #[test]
+    fn bands_as_policies() {
+        let p = |rate, cap| {
+            let p = Policy::of(&Band::new(rate, cap));
+            (p.name, p.q, p.w)
+        };
+        assert_eq!(p(Rate::per_second(20), 40), ("40-per-2s".into(), 40, 2));
+        assert_eq!(
+            p(Rate::per_day(10_000), 10_000),
+            ("10000-per-86400s".into(), 10_000, 86_400)
+        );
+        // A window under a second is one second, and q what refills in it.
+        assert_eq!(p(Rate::per_second(10), 1), ("10-per-1s".into(), 10, 1));
+        // 2 per 3 s, capacity 5: τ = 7.5 s, so w = 8 and q = ⌊16/3⌋.
+        assert_eq!(
+            p(Rate::per(2, Duration::from_secs(3)), 5),
+            ("5-per-8s".into(), 5, 8)
+        );
+    }
+
+    #[test]
+    fn fields() {
+        let bands = [
+            state(Rate::per_second(20), 40, 3, Duration::from_millis(1)),
+            state(
+                Rate::per_day(10_000),
+                10_000,
+                9_960,
+                Duration::from_secs(8) + Duration::from_millis(640),
+            ),
+        ];
+        assert_eq!(
+            policy(&bands).unwrap(),
+            r#""40-per-2s";q=40;w=2, "10000-per-86400s";q=10000;w=86400"#
+        );
+        assert_eq!(
+            limit(&bands).unwrap(),
+            r#""40-per-2s";r=3;t=1, "10000-per-86400s";r=9960;t=9"#
+        );
+        let [l, r, t] = legacy(&bands).unwrap();
+        assert_eq!(
+            (l.1, r.1, t.1),
+            (
+                HeaderValue::from(40),
+                HeaderValue::from(3),
+                HeaderValue::from(1)
+            )
+        );
+        assert!(policy(&[]).is_none() && legacy(&[]).is_none());
+    }
+}

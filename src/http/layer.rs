@@ -1,0 +1,336 @@
+//! [`HttpRateLimitLayer`]: who the client is, the limit's decision, the
+//! answer, and the headers, for any tower HTTP service.
+
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use http::header::RETRY_AFTER;
+use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
+use tower_layer::Layer;
+use tower_service::Service;
+
+use super::client::{ClientKey, KeyExtractor};
+use super::headers;
+use crate::keyed::AsyncKeyedLimiter;
+use crate::{BandState, Quota, TryAcquireError};
+
+/// What to do with a request whose key cannot be extracted (no peer
+/// address, no such header): never a panic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Unidentified {
+    /// Answer with this status, without calling the service (the default:
+    /// `400 Bad Request`).
+    Reject(StatusCode),
+    /// Let it through, unlimited.
+    Allow,
+    /// Limit all of them together, under this key.
+    Key(ClientKey),
+}
+
+/// The quota of a key, when keys have tiers.
+type QuotaFor = dyn Fn(&ClientKey) -> Option<Quota> + Send + Sync;
+
+struct Config<L, E> {
+    limiter: L,
+    extractor: E,
+    quota_for: Option<Box<QuotaFor>>,
+    unidentified: Unidentified,
+    limited: StatusCode,
+    unavailable: StatusCode,
+    unavailable_retry_after: Duration,
+    policy_headers: bool,
+    legacy_headers: bool,
+}
+
+/// Rate limits an HTTP service per client, answering for the limit: finds
+/// each request's [`ClientKey`] with a [`KeyExtractor`], takes one permit
+/// of that key from a keyed limiter — a
+/// [`KeyedFunnel<ClientKey>`](crate::keyed::KeyedFunnel) in the process,
+/// or a `redis::RedisFunnel` shared by a fleet (any
+/// [`AsyncKeyedLimiter`] whose key is made from a `ClientKey`) — and:
+///
+/// * granted: calls the service;
+/// * over the limit: `429 Too Many Requests`, with `Retry-After` in whole
+///   seconds, rounded up (never 0 while limited);
+/// * the limit could not be decided — a keyed map full (`max_keys`), or a
+///   shared store failing closed: `503 Service Unavailable` with a
+///   `Retry-After` of a second (configurable): not the client's doing, so
+///   never a 429. (A store failing *open* grants, and counts it.)
+///
+/// On granted and refused responses alike it adds `RateLimit-Policy` and
+/// `RateLimit` (draft-ietf-httpapi-ratelimit-headers-12; one item per band
+/// of the key's quota, see the [module docs](super)), and optionally the
+/// legacy `X-RateLimit-Limit`, `-Remaining` and `-Reset`, all from the
+/// state the decision left (no second look for a local map).
+///
+/// Refusals have an empty body (`ResBody: Default`, as axum's `Body`);
+/// their statuses are configurable. The service must be `Clone` (the one
+/// made ready goes with the decision).
+///
+/// # Examples
+///
+/// ```
+/// use axum::{Router, routing::get};
+/// use tokio_ratelimit::http::{ClientIp, ClientKey, Header, HttpRateLimitLayer, KeyExtractor};
+/// use tokio_ratelimit::{Quota, Rate, keyed::KeyedFunnel};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let free = Quota::new(Rate::per_second(20), 40).and(Rate::per_day(10_000), 10_000);
+/// let paid = Quota::new(Rate::per_second(200), 400).and(Rate::per_day(100_000), 100_000);
+/// let limits: KeyedFunnel<ClientKey> = KeyedFunnel::builder().quota(free).tier(paid).build()?;
+/// let per_client = HttpRateLimitLayer::new(limits, Header::new("x-api-key").or(ClientIp::new()))
+///     .quota_for(move |key| matches!(key, ClientKey::Value(k) if k.starts_with("paid-")).then_some(paid));
+/// let app: Router = Router::new().route("/", get(|| async { "hi" })).layer(per_client);
+/// # Ok(())
+/// # }
+/// ```
+pub struct HttpRateLimitLayer<L, E> {
+    config: Arc<Config<L, E>>,
+}
+
+impl<L, E> Clone for HttpRateLimitLayer<L, E> {
+    fn clone(&self) -> Self {
+        HttpRateLimitLayer {
+            config: Arc::clone(&self.config),
+        }
+    }
+}
+
+impl<L, E> HttpRateLimitLayer<L, E> {
+    /// Limits each request by `extractor`'s key in `limiter`, under the
+    /// limiter's own quota.
+    pub fn new(limiter: L, extractor: E) -> Self {
+        HttpRateLimitLayer {
+            config: Arc::new(Config {
+                limiter,
+                extractor,
+                quota_for: None,
+                unidentified: Unidentified::Reject(StatusCode::BAD_REQUEST),
+                limited: StatusCode::TOO_MANY_REQUESTS,
+                unavailable: StatusCode::SERVICE_UNAVAILABLE,
+                unavailable_retry_after: Duration::from_secs(1),
+                policy_headers: true,
+                legacy_headers: false,
+            }),
+        }
+    }
+
+    fn with(mut self, change: impl FnOnce(&mut Config<L, E>)) -> Self {
+        let config = Arc::get_mut(&mut self.config).expect("configured before it is cloned");
+        change(config);
+        self
+    }
+
+    /// The quota of a key (its tier): `None` for the limiter's own. With a
+    /// `KeyedFunnel`, every quota returned must be one of the map's tiers
+    /// (another is refused as `Closed`: a 503).
+    ///
+    /// # Panics
+    ///
+    /// When the layer has been cloned already: configure it first.
+    #[must_use]
+    pub fn quota_for<F>(self, quota_for: F) -> Self
+    where
+        F: Fn(&ClientKey) -> Option<Quota> + Send + Sync + 'static,
+    {
+        self.with(|c| c.quota_for = Some(Box::new(quota_for)))
+    }
+
+    /// What to do with a request whose key cannot be extracted (default:
+    /// reject with `400 Bad Request`).
+    ///
+    /// # Panics
+    ///
+    /// As [`quota_for`](Self::quota_for).
+    #[must_use]
+    pub fn unidentified(self, answer: Unidentified) -> Self {
+        self.with(|c| c.unidentified = answer)
+    }
+
+    /// The status of a request over its limit (default `429`).
+    ///
+    /// # Panics
+    ///
+    /// As [`quota_for`](Self::quota_for).
+    #[must_use]
+    pub fn limited_status(self, status: StatusCode) -> Self {
+        self.with(|c| c.limited = status)
+    }
+
+    /// The status and `Retry-After` of a request whose limit could not be
+    /// decided (default `503`, 1 s).
+    ///
+    /// # Panics
+    ///
+    /// As [`quota_for`](Self::quota_for).
+    #[must_use]
+    pub fn unavailable(self, status: StatusCode, retry_after: Duration) -> Self {
+        self.with(|c| {
+            c.unavailable = status;
+            c.unavailable_retry_after = retry_after;
+        })
+    }
+
+    /// Whether to add `RateLimit-Policy` and `RateLimit` (default: yes).
+    ///
+    /// # Panics
+    ///
+    /// As [`quota_for`](Self::quota_for).
+    #[must_use]
+    pub fn policy_headers(self, enabled: bool) -> Self {
+        self.with(|c| c.policy_headers = enabled)
+    }
+
+    /// Whether to add the legacy `X-RateLimit-Limit`, `-Remaining` and
+    /// `-Reset`, for the band that binds first (default: no).
+    ///
+    /// # Panics
+    ///
+    /// As [`quota_for`](Self::quota_for).
+    #[must_use]
+    pub fn legacy_headers(self, enabled: bool) -> Self {
+        self.with(|c| c.legacy_headers = enabled)
+    }
+}
+
+impl<L, E> fmt::Debug for HttpRateLimitLayer<L, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HttpRateLimitLayer")
+            .field("unidentified", &self.config.unidentified)
+            .field("limited", &self.config.limited)
+            .field("unavailable", &self.config.unavailable)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, L, E> Layer<S> for HttpRateLimitLayer<L, E> {
+    type Service = HttpRateLimit<S, L, E>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        HttpRateLimit {
+            inner,
+            config: Arc::clone(&self.config),
+        }
+    }
+}
+
+/// The service [`HttpRateLimitLayer`] makes.
+pub struct HttpRateLimit<S, L, E> {
+    inner: S,
+    config: Arc<Config<L, E>>,
+}
+
+impl<S: Clone, L, E> Clone for HttpRateLimit<S, L, E> {
+    fn clone(&self) -> Self {
+        HttpRateLimit {
+            inner: self.inner.clone(),
+            config: Arc::clone(&self.config),
+        }
+    }
+}
+
+impl<S: fmt::Debug, L, E> fmt::Debug for HttpRateLimit<S, L, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HttpRateLimit")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, L, E, ReqBody, ResBody> Service<Request<ReqBody>> for HttpRateLimit<S, L, E>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Send + 'static,
+    ResBody: Default + Send + 'static,
+    L: AsyncKeyedLimiter + 'static,
+    L::Key: From<ClientKey>,
+    E: KeyExtractor,
+{
+    type Response = Response<ResBody>;
+    type Error = S::Error;
+    type Future = BoxFuture<'static, Result<Response<ResBody>, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        let (parts, body) = request.into_parts();
+        let key = self.config.extractor.extract(&parts);
+        let request = Request::from_parts(parts, body);
+        // The service made ready goes with the decision.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let config = Arc::clone(&self.config);
+        Box::pin(async move {
+            let key = match key {
+                Some(key) => key,
+                None => match &config.unidentified {
+                    Unidentified::Key(key) => key.clone(),
+                    Unidentified::Allow => return inner.call(request).await,
+                    Unidentified::Reject(status) => {
+                        tracing::debug!(%status, "http rate limit: no key for the request");
+                        return Ok(empty(*status));
+                    }
+                },
+            };
+            let quota = config.quota_for.as_ref().and_then(|f| f(&key));
+            let report = config
+                .limiter
+                .try_acquire_and_peek(&L::Key::from(key), quota.as_ref(), 1)
+                .await;
+            let bands: Vec<BandState> = report.bands().collect();
+            let mut response = match report.answer() {
+                Ok(()) => inner.call(request).await?,
+                Err(TryAcquireError::Limited { retry_after }) => {
+                    with_retry_after(config.limited, retry_after)
+                }
+                Err(TryAcquireError::Unavailable) => {
+                    with_retry_after(config.unavailable, config.unavailable_retry_after)
+                }
+                Err(error) => {
+                    // n = 1 above every capacity cannot be; a closed
+                    // limiter, or a quota it cannot hold keys to.
+                    tracing::warn!(%error, "http rate limit: the limiter cannot serve the request");
+                    empty(StatusCode::SERVICE_UNAVAILABLE)
+                }
+            };
+            let fields = response.headers_mut();
+            if config.policy_headers {
+                if let Some(v) = headers::policy(&bands) {
+                    fields.insert(HeaderName::from_static("ratelimit-policy"), v);
+                }
+                if let Some(v) = headers::limit(&bands) {
+                    fields.insert(HeaderName::from_static("ratelimit"), v);
+                }
+            }
+            if config.legacy_headers {
+                for (name, v) in headers::legacy(&bands).into_iter().flatten() {
+                    fields.insert(HeaderName::from_static(name), v);
+                }
+            }
+            Ok(response)
+        })
+    }
+}
+
+fn empty<B: Default>(status: StatusCode) -> Response<B> {
+    let mut response = Response::new(B::default());
+    *response.status_mut() = status;
+    response
+}
+
+fn with_retry_after<B: Default>(status: StatusCode, retry_after: Duration) -> Response<B> {
+    let mut response = empty(status);
+    let seconds = headers::seconds_up(retry_after).max(1);
+    response
+        .headers_mut()
+        .insert(RETRY_AFTER, HeaderValue::from(seconds));
+    response
+}
