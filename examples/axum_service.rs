@@ -1,75 +1,57 @@
-//! A small HTTP service with rate limits: per client, and for the whole
-//! server in front of an expensive route.
+//! A small HTTP service with rate limits: per client with a free and a paid
+//! tier, and for the whole server in front of an expensive route.
 //!
 //! ```sh
 //! cargo run --example axum_service -- 3000   # or PORT=3000; 3000 by default
-//! curl -i -H 'x-client-id: ann' http://127.0.0.1:3000/
+//! curl -i http://127.0.0.1:3000/                          # free, by address
+//! curl -i -H 'x-api-key: paid-ann' http://127.0.0.1:3000/ # paid, by API key
 //!
 //! # The same service, its per-client limit shared by every replica through Redis:
 //! REDIS_URL=redis://127.0.0.1:6379/ cargo run --features redis --example axum_service
+//! # Behind a proxy on 10.0.0.0/8 that sets X-Forwarded-For:
+//! TRUSTED_PROXIES=10.0.0.0/8 cargo run --example axum_service
 //! ```
 //!
-//! * Every route is limited **per client** through `KeyedRateLimitLayer`,
-//!   by a [`KeyedFunnel`](tokio_ratelimit::keyed::KeyedFunnel) in this
-//!   process or — with `REDIS_URL` set (and the `redis` feature) — by a
-//!   [`RedisFunnel`](tokio_ratelimit::redis::RedisFunnel) that every
-//!   replica shares. The layer and the handlers are the same code either
-//!   way: the limiter is an `Arc<dyn AsyncKeyedLimiter>` picked at start.
-//!   A client is its `x-client-id` header, or else its peer IP address. (A
-//!   real service would take the id from authentication: a client that
-//!   picks its own id can pick a new one.) Over the limit, the answer is
-//!   `429 Too Many Requests` at once; a shared limit that cannot be decided
-//!   (Redis down, failing closed) is `503 Service Unavailable`, never 429.
+//! * Every route is limited **per client** by one
+//!   [`HttpRateLimitLayer`]: a client is its `x-api-key` (keys starting
+//!   with `paid-` get the paid tier; a real service would look its keys
+//!   up), or else its address — the peer's, or behind trusted proxies the
+//!   one they forwarded for (IPv6 by /64). The limiter is a
+//!   [`KeyedFunnel`](tokio_ratelimit::keyed::KeyedFunnel) in this process
+//!   or, with `REDIS_URL` set (and the `redis` feature), a
+//!   [`RedisFunnel`](tokio_ratelimit::redis::RedisFunnel) every replica
+//!   shares: the same layer either way (`Arc<dyn AsyncKeyedLimiter>`).
+//!   Over the limit: `429` with `Retry-After`; a limit that cannot be
+//!   decided (Redis down, failing closed): `503`, never 429. Every answer
+//!   carries `RateLimit-Policy` and `RateLimit` (one item per band).
 //! * `GET /expensive` is also limited **for the whole server** by a
 //!   [`TokenBucket`](tokio_ratelimit::TokenBucket) through `RateLimitLayer`:
 //!   requests beyond its rate wait their turn (backpressure), they are not
 //!   refused.
-//!
-//! # Headers
-//!
-//! On every response of a limited route, after the IETF draft
-//! `draft-ietf-httpapi-ratelimit-headers` (the separate-fields form), for the
-//! client's funnel as the response leaves:
-//!
-//! * `RateLimit-Limit` — the per-client burst: how many requests a client
-//!   with a clean slate can make at once (the funnel's capacity).
-//! * `RateLimit-Remaining` — how many more requests the client could make
-//!   right now, without waiting (whole units of free room).
-//! * `RateLimit-Reset` — seconds until the client's quota is whole again
-//!   (its funnel has drained), rounded up; `0` when it already is.
-//!
-//! And on a `429` only:
-//!
-//! * `Retry-After` — seconds until the same request can succeed, rounded up:
-//!   never `0` while limited, so a client that waits exactly that long is
-//!   admitted.
 
 use std::error::Error;
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::sync::Arc;
 
 use axum::Router;
 use axum::error_handling::HandleErrorLayer;
-use axum::extract::{ConnectInfo, Request, State};
-use axum::http::{HeaderValue, StatusCode, header};
-use axum::middleware::{self, Next};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use std::sync::Arc;
-
 use tokio::net::TcpListener;
+use tokio_ratelimit::http::{ClientIp, ClientKey, Header, HttpRateLimitLayer, KeyExtractor};
 use tokio_ratelimit::keyed::{AsyncKeyedLimiter, KeyedFunnel};
-use tokio_ratelimit::tower::{BoxError, KeyedRateLimitLayer, RateLimitLayer, RateLimited};
-use tokio_ratelimit::{ConfigError, Rate, TokenBucket};
+use tokio_ratelimit::tower::{BoxError, RateLimitLayer};
+use tokio_ratelimit::{ConfigError, Quota, Rate, TokenBucket};
 use tower::ServiceBuilder;
 
 /// The limits, as numbers.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Config {
-    /// How fast each client's allowance comes back.
-    pub(crate) per_client_rate: Rate,
-    /// How many requests a client can make at once.
-    pub(crate) per_client_burst: u32,
+    /// Each free client's quota.
+    pub(crate) free: Quota,
+    /// Each paid client's.
+    pub(crate) paid: Quota,
     /// The whole server's rate on `/expensive`.
     pub(crate) expensive_rate: Rate,
     /// How many `/expensive` requests can run at once before the rate
@@ -80,8 +62,9 @@ pub(crate) struct Config {
 impl Default for Config {
     fn default() -> Self {
         Config {
-            per_client_rate: Rate::per_second(1),
-            per_client_burst: 5,
+            // 1 per second with bursts of 5, and 1 000 a day; ten times that.
+            free: Quota::new(Rate::per_second(1), 5).and(Rate::per_day(1_000), 1_000),
+            paid: Quota::new(Rate::per_second(10), 50).and(Rate::per_day(10_000), 10_000),
             expensive_rate: Rate::per_second(2),
             expensive_burst: 2,
         }
@@ -95,7 +78,7 @@ pub(crate) type PerClient = Arc<dyn AsyncKeyedLimiter<Key = String>>;
 /// The limiters the service uses (cheap handles).
 #[derive(Clone)]
 pub(crate) struct Limits {
-    /// Per client (see [`client_key`]).
+    /// Per client (see [`app`]).
     pub(crate) per_client: PerClient,
     /// For the whole server, on `/expensive`.
     pub(crate) expensive: TokenBucket,
@@ -114,22 +97,22 @@ impl Limits {
         })
     }
 
-    /// Per client in this process.
+    /// Per client in this process: both tiers in one map.
     pub(crate) fn local(config: &Config) -> Result<Limits, ConfigError> {
         let per_client: KeyedFunnel<String> = KeyedFunnel::builder()
-            .rate(config.per_client_rate)
-            .capacity(config.per_client_burst)
+            .quota(config.free)
+            .tier(config.paid)
             .build()?;
         Limits::with(Arc::new(per_client), config)
     }
 
     /// Per client shared through the Redis at `url` (every replica that
-    /// uses the same server and prefix shares each client's limit).
+    /// uses the same server and prefix shares each client's limit; the tier
+    /// goes with each call).
     #[cfg(feature = "redis")]
     pub(crate) async fn shared(config: &Config, url: &str) -> Result<Limits, Box<dyn Error>> {
         let per_client = tokio_ratelimit::redis::RedisFunnel::builder(url)
-            .rate(config.per_client_rate)
-            .capacity(config.per_client_burst)
+            .quota(config.free)
             .prefix("axum_service:")
             .build()
             .await?;
@@ -137,9 +120,19 @@ impl Limits {
     }
 }
 
+/// Who a request is: its API key, else its address (`trusted` proxies'
+/// forwarding headers read, nobody else's).
+pub(crate) fn clients(trusted: &[String]) -> Result<impl KeyExtractor, Box<dyn Error>> {
+    Ok(Header::new("x-api-key").or(ClientIp::new().trust(trusted)?))
+}
+
 /// The service. Serve it with connect info (see [`serve`]) so that clients
-/// without an id are told apart by address.
-pub(crate) fn app(limits: Limits) -> Router {
+/// without an API key are told apart by address.
+pub(crate) fn app(limits: Limits, config: &Config, clients: impl KeyExtractor) -> Router {
+    let paid = config.paid;
+    let per_client = HttpRateLimitLayer::new(limits.per_client, clients).quota_for(move |key| {
+        matches!(key, ClientKey::Value(k) if k.starts_with("paid-")).then_some(paid)
+    });
     let expensive = get(expensive).layer(
         ServiceBuilder::new()
             .layer(HandleErrorLayer::new(limiter_failed))
@@ -151,15 +144,7 @@ pub(crate) fn app(limits: Limits) -> Router {
         // `Router::layer` wraps each route: its routes are always ready, so
         // the client's limit is checked on arrival, before `/expensive`
         // waits for the global one.
-        .layer(
-            ServiceBuilder::new()
-                .layer(middleware::from_fn_with_state(
-                    limits.per_client.clone(),
-                    quota_headers,
-                ))
-                .layer(HandleErrorLayer::new(too_many_requests))
-                .layer(KeyedRateLimitLayer::new(limits.per_client, client_key)),
-        )
+        .layer(per_client)
 }
 
 /// Serves [`app`] on `listener` until the task is dropped.
@@ -167,84 +152,23 @@ pub(crate) fn app(limits: Limits) -> Router {
 /// # Errors
 ///
 /// If the listener fails for good.
-pub(crate) async fn serve(listener: TcpListener, limits: Limits) -> std::io::Result<()> {
-    let app = app(limits).into_make_service_with_connect_info::<SocketAddr>();
+pub(crate) async fn serve(
+    listener: TcpListener,
+    limits: Limits,
+    config: &Config,
+    clients: impl KeyExtractor,
+) -> std::io::Result<()> {
+    let app = app(limits, config, clients).into_make_service_with_connect_info::<SocketAddr>();
     axum::serve(listener, app).await
-}
-
-/// Who a request counts against: its `x-client-id`, or else its peer IP.
-pub(crate) fn client_key(request: &Request) -> String {
-    if let Some(id) = request
-        .headers()
-        .get("x-client-id")
-        .and_then(|v| v.to_str().ok())
-    {
-        return format!("id:{id}");
-    }
-    match request.extensions().get::<ConnectInfo<SocketAddr>>() {
-        Some(ConnectInfo(peer)) => format!("ip:{}", peer.ip()),
-        None => "unknown".to_owned(),
-    }
-}
-
-/// A duration in whole seconds, rounded up.
-pub(crate) fn seconds_up(duration: Duration) -> u64 {
-    duration.as_secs() + u64::from(duration.subsec_nanos() > 0)
 }
 
 async fn expensive() -> &'static str {
     "expensive result\n"
 }
 
-/// `RateLimit-*` headers for the client's funnel, on every response (when
-/// the limit can be looked at).
-async fn quota_headers(
-    State(per_client): State<PerClient>,
-    request: Request,
-    next: Next,
-) -> Response {
-    let key = client_key(&request);
-    let mut response = next.run(request).await;
-    if let Ok(Some(peek)) = per_client.peek(&key, 1).await {
-        let headers = response.headers_mut();
-        let fewest = peek.bands().min_by_key(|b| b.available);
-        let limit = peek.bands().map(|b| b.band.capacity()).min();
-        let reset = peek.bands().map(|b| b.full_in).max();
-        if let (Some(band), Some(limit), Some(reset)) = (fewest, limit, reset) {
-            headers.insert("ratelimit-limit", limit.into());
-            headers.insert("ratelimit-remaining", band.available.into());
-            headers.insert("ratelimit-reset", seconds_up(reset).into());
-        }
-    }
-    response
-}
-
-/// The per-client layer's refusal: 429 with `Retry-After`.
-async fn too_many_requests(error: BoxError) -> Response {
-    match error.downcast::<RateLimited<String>>() {
-        Ok(limited) => {
-            let retry_after = seconds_up(limited.retry_after).max(1);
-            let mut response =
-                (StatusCode::TOO_MANY_REQUESTS, "too many requests\n").into_response();
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(retry_after));
-            response
-        }
-        Err(error) => limiter_failed(error).await,
-    }
-}
-
-/// Any other limiter error — a shared limit that could not be decided (its
-/// store down, failing closed), a limiter closed at shutdown: 503, with a
-/// `Retry-After` of a second (the service's guess: the limiter cannot know
-/// when its store is back).
+/// The global limiter closed (at shutdown): 503.
 async fn limiter_failed(error: BoxError) -> Response {
-    let mut response = (StatusCode::SERVICE_UNAVAILABLE, format!("{error}\n")).into_response();
-    response
-        .headers_mut()
-        .insert(header::RETRY_AFTER, HeaderValue::from(1));
-    response
+    (StatusCode::SERVICE_UNAVAILABLE, format!("{error}\n")).into_response()
 }
 
 #[tokio::main]
@@ -269,14 +193,17 @@ async fn main() -> Result<(), Box<dyn Error>> {
         }
         Err(_) => (Limits::local(&config)?, "in this process".to_owned()),
     };
+    let trusted: Vec<String> = std::env::var("TRUSTED_PROXIES")
+        .map(|v| v.split(',').map(str::to_owned).collect())
+        .unwrap_or_default();
     let listener = TcpListener::bind(("127.0.0.1", port)).await?;
     println!(
-        "listening on http://{}: per client {} (bursts of {}, {place}), /expensive {} for everyone",
+        "listening on http://{}: per client {:?} free, {:?} paid ({place}), /expensive {} for everyone",
         listener.local_addr()?,
-        config.per_client_rate,
-        config.per_client_burst,
+        config.free,
+        config.paid,
         config.expensive_rate,
     );
-    serve(listener, limits).await?;
+    serve(listener, limits, &config, clients(&trusted)?).await?;
     Ok(())
 }

@@ -285,7 +285,16 @@ where
                 .limiter
                 .try_acquire_and_peek(&L::Key::from(key), quota.as_ref(), 1)
                 .await;
-            let bands: Vec<BandState> = report.bands().collect();
+            // The state is the key's only when the limit decided on it.
+            let decided = matches!(
+                report.answer(),
+                Ok(()) | Err(TryAcquireError::Limited { .. })
+            );
+            let bands: Vec<BandState> = if decided {
+                report.bands().collect()
+            } else {
+                Vec::new()
+            };
             let mut response = match report.answer() {
                 Ok(()) => inner.call(request).await?,
                 Err(TryAcquireError::Limited { retry_after }) => {
