@@ -16,12 +16,12 @@ use tokio_ratelimit::http::{
 };
 use tokio_ratelimit::keyed::{AsyncKeyedLimiter, Keyed, KeyedFunnel};
 use tokio_ratelimit::{Quota, Rate, TokenBucket};
-use tower::{Layer, Service, ServiceExt, service_fn};
+use tower::{Layer, ServiceExt, service_fn};
 
 type Svc = tower::util::BoxCloneService<Request<Body>, Response<Body>, Infallible>;
 
 /// A service that answers 200 and counts its calls, behind `layer`.
-fn counted<L, E>(layer: HttpRateLimitLayer<L, E>, calls: &Arc<AtomicUsize>) -> Svc
+fn counted<L, E>(layer: &HttpRateLimitLayer<L, E>, calls: &Arc<AtomicUsize>) -> Svc
 where
     L: AsyncKeyedLimiter + 'static,
     L::Key: From<ClientKey>,
@@ -67,14 +67,14 @@ async fn a_request_with_no_key_gets_the_configured_answer() {
     let calls = Arc::new(AtomicUsize::new(0));
     let q = Quota::new(Rate::per_second(1), 1);
     // No peer address (a server without connect info): 400 by default.
-    let svc = counted(HttpRateLimitLayer::new(map(q), ClientIp::new()), &calls);
+    let svc = counted(&HttpRateLimitLayer::new(map(q), ClientIp::new()), &calls);
     assert_eq!(
         call(&svc, request(None, &[])).await.status(),
         StatusCode::BAD_REQUEST
     );
     // Or let through, unlimited.
     let svc = counted(
-        HttpRateLimitLayer::new(map(q), ClientIp::new()).unidentified(Unidentified::Allow),
+        &HttpRateLimitLayer::new(map(q), ClientIp::new()).unidentified(Unidentified::Allow),
         &calls,
     );
     for _ in 0..3 {
@@ -85,7 +85,7 @@ async fn a_request_with_no_key_gets_the_configured_answer() {
     }
     // Or limited together under one key.
     let svc = counted(
-        HttpRateLimitLayer::new(map(q), Header::new("x-api-key"))
+        &HttpRateLimitLayer::new(map(q), Header::new("x-api-key"))
             .unidentified(Unidentified::Key(ClientKey::Value("anonymous".into()))),
         &calls,
     );
@@ -111,7 +111,7 @@ async fn legacy_headers_show_the_band_that_binds_first() {
     let calls = Arc::new(AtomicUsize::new(0));
     let q = Quota::new(Rate::per_second(10), 10).and(Rate::per_minute(3), 3);
     let svc = counted(
-        HttpRateLimitLayer::new(map(q), Global).legacy_headers(true),
+        &HttpRateLimitLayer::new(map(q), Global).legacy_headers(true),
         &calls,
     );
     let r = call(&svc, request(None, &[])).await;
@@ -131,7 +131,7 @@ async fn legacy_headers_show_the_band_that_binds_first() {
     );
     // Without them, only the draft's fields.
     let svc = counted(
-        HttpRateLimitLayer::new(map(q), Global).policy_headers(false),
+        &HttpRateLimitLayer::new(map(q), Global).policy_headers(false),
         &calls,
     );
     let r = call(&svc, request(None, &[])).await;
@@ -145,7 +145,7 @@ async fn an_api_key_else_the_client_address() {
     let calls = Arc::new(AtomicUsize::new(0));
     let q = Quota::new(Rate::per_second(1), 2);
     let svc = counted(
-        HttpRateLimitLayer::new(map(q), Header::new("x-api-key").or(ClientIp::new())),
+        &HttpRateLimitLayer::new(map(q), Header::new("x-api-key").or(ClientIp::new())),
         &calls,
     );
     let statuses = async |r: fn() -> Request<Body>| {
@@ -207,7 +207,7 @@ async fn any_keyed_limiter_fits_and_a_foreign_tier_is_a_503() {
         })
         .build()
         .unwrap();
-    let svc = counted(HttpRateLimitLayer::new(per_key, Global), &calls);
+    let svc = counted(&HttpRateLimitLayer::new(per_key, Global), &calls);
     assert_eq!(
         call(&svc, request(None, &[])).await.status(),
         StatusCode::OK
@@ -219,7 +219,7 @@ async fn any_keyed_limiter_fits_and_a_foreign_tier_is_a_503() {
     // A quota the map was not built with cannot be served: 503, logged.
     let other = Quota::new(Rate::per_second(5), 5);
     let svc = counted(
-        HttpRateLimitLayer::new(map(Quota::new(Rate::per_second(1), 1)), Global)
+        &HttpRateLimitLayer::new(map(Quota::new(Rate::per_second(1), 1)), Global)
             .quota_for(move |_| Some(other)),
         &calls,
     );
