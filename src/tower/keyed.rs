@@ -20,8 +20,11 @@ use crate::keyed::AsyncKeyedLimiter;
 /// `key` is a closure over the request (`Fn(&Req) -> K`): a client id
 /// header, the peer address, an API key. `limiter` is a
 /// [`KeyedFunnel`](crate::keyed::KeyedFunnel), a
-/// [`Keyed`](crate::keyed::Keyed), or anything else that implements
-/// [`KeyedLimiter`]. Cheap to clone; every service made shares the limiter.
+/// [`Keyed`](crate::keyed::Keyed), a `redis::RedisFunnel` shared by a
+/// fleet, or anything else that implements [`AsyncKeyedLimiter`] (local
+/// maps answer at once, with no future boxed). Cheap to clone; every
+/// service made shares the limiter. For HTTP services,
+/// `http::HttpRateLimitLayer` adds client identity, answers and headers.
 ///
 /// # Examples
 ///
