@@ -95,10 +95,10 @@ impl Server {
             clippy::large_types_passed_by_value,
             reason = "a test's configuration, once"
         )]
-        Server::start_on(config, LOCAL, &[])
+        Server::start_on(config, &LOCAL, &[])
     }
 
-    fn start_on(config: Config, backend: Backend, trusted: &[&str]) -> Server {
+    fn start_on(config: Config, backend: &Backend, trusted: &[&str]) -> Server {
         #![expect(
             clippy::large_types_passed_by_value,
             reason = "a test's configuration, once"
@@ -106,6 +106,7 @@ impl Server {
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let (control, mut commands) = mpsc::unbounded_channel();
         let paused = matches!(backend, Backend::Local { .. });
+        let backend = backend.clone();
         let trusted: Vec<String> = trusted.iter().map(|&t| t.to_owned()).collect();
         let thread = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread()
@@ -559,7 +560,7 @@ async fn a_client_cannot_pick_its_identity_through_x_forwarded_for() {
 async fn behind_a_trusted_proxy_each_forwarded_client_has_its_own_limit() {
     // The test's connections come from 127.0.0.1: trusted as a proxy, as
     // is a second one on 10.0.0.0/8.
-    let server = Server::start_on(config(), LOCAL, &["127.0.0.1/32", "10.0.0.0/8"]);
+    let server = Server::start_on(config(), &LOCAL, &["127.0.0.1/32", "10.0.0.0/8"]);
     let http = HttpClient::new(&server);
     // Two clients through two proxies (the leftmost claim is ignored).
     let mut a = Vec::new();
@@ -605,7 +606,7 @@ async fn behind_a_trusted_proxy_each_forwarded_client_has_its_own_limit() {
 
 #[tokio::test]
 async fn a_full_map_answers_503_not_429() {
-    let server = Server::start_on(config(), Backend::Local { max_keys: 1 }, &[]);
+    let server = Server::start_on(config(), &Backend::Local { max_keys: 1 }, &[]);
     let http = HttpClient::new(&server);
     assert_eq!(http.get("/", Some("ann")).await.status, 200);
     // Every slot holds an active key: bob is turned away, and not for his
@@ -736,8 +737,8 @@ async fn two_replicas_share_a_limit_through_redis() {
     };
     let backend = shared(&redis, "replicas:", FailurePolicy::Closed);
     let (a, b) = (
-        Server::start_on(slow_config(), backend.clone(), &[]),
-        Server::start_on(slow_config(), backend, &[]),
+        Server::start_on(slow_config(), &backend, &[]),
+        Server::start_on(slow_config(), &backend, &[]),
     );
     burst_then_refused(&[&a, &b]).await;
 }
@@ -755,12 +756,12 @@ async fn a_shared_limit_that_cannot_decide_answers_by_its_policy() {
     };
     let closed = Server::start_on(
         slow_config(),
-        shared(&redis, "policy:", FailurePolicy::Closed),
+        &shared(&redis, "policy:", FailurePolicy::Closed),
         &[],
     );
     let open = Server::start_on(
         slow_config(),
-        shared(&redis, "policy:", FailurePolicy::Open),
+        &shared(&redis, "policy:", FailurePolicy::Open),
         &[],
     );
     let (closed_http, open_http) = (HttpClient::new(&closed), HttpClient::new(&open));
