@@ -743,6 +743,12 @@ fn handles_and_futures_are_send() {
         send(&l.acquire_many("k", 2));
         send(&l.try_acquire_many_keys(&[]));
         send(&l.decide("k", 1));
+        let q = Quota::new(Rate::per_second(1), 1);
+        send(&l.try_acquire_with("k", &q, 1));
+        send(&l.acquire_with("k", &q, 1));
+        send(&l.decide_with("k", &q, 1));
+        send(&l.peek("k", 1));
+        send(&l.peek_with("k", &q, 1));
         send(&RedisFunnel::builder("redis://127.0.0.1/").build());
     }
     send_sync::<RedisFunnel>();

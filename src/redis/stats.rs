@@ -11,7 +11,8 @@ use super::{FailurePolicy, RedisFunnel};
 ///
 /// `decisions = granted + limited + backend_errors`: every decision that
 /// was asked of Redis (each key of a batch counts once). Requests decided
-/// locally (`n = 0`, `n > capacity`) are not counted.
+/// locally (`n = 0`, `n > capacity`, an invalid quota passed with the call)
+/// and peeks are not counted.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RedisStats {
