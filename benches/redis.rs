@@ -15,6 +15,14 @@
 //! own CPU time per command, from `INFO commandstats` (the bench resets
 //! those statistics with `CONFIG RESETSTAT`, so point `REDIS_URL` at a
 //! server of your own).
+//!
+//! Quotas: `try_acquire` of a two-band quota next to the one-band row, in
+//! the same run (one script call either way, five more arguments and one
+//! more band of Lua arithmetic), and `try_acquire_with` passing another
+//! two-band quota with each call (converted to the script's encoding per
+//! call); then the ratios, and the cost of that conversion alone, measured
+//! without Redis (a request above the quota's capacity is refused after
+//! the conversion, before any I/O).
 
 #[path = "../tests/support/redis_server.rs"]
 mod redis_server;
@@ -24,8 +32,8 @@ use std::time::Duration;
 
 use redis::aio::ConnectionManager;
 use tokio::time::Instant;
-use tokio_ratelimit::Rate;
-use tokio_ratelimit::redis::{FailurePolicy, RedisFunnel};
+use tokio_ratelimit::redis::{FailurePolicy, RedisFunnel, RedisLimitError};
+use tokio_ratelimit::{Quota, Rate};
 
 const KEYS: usize = 10_000;
 const IN_FLIGHT: usize = 64;
@@ -136,16 +144,18 @@ async fn main() {
     };
     let client = redis::Client::open(url.as_str()).unwrap();
     let conn = ConnectionManager::new(client).await.unwrap();
-    let limiter = RedisFunnel::builder(url.as_str())
-        .rate(Rate::per_second(1000))
-        .capacity(100)
-        .prefix("bench:")
-        .failure_policy(FailurePolicy::Closed)
-        .timeout(Duration::from_secs(1))
-        .build()
-        .await
-        .unwrap();
+    let build = |quota: Quota, prefix: &str| {
+        let mut b = RedisFunnel::builder(url.as_str());
+        b.quota(quota)
+            .prefix(prefix)
+            .failure_policy(FailurePolicy::Closed)
+            .timeout(Duration::from_secs(1));
+        async move { b.build().await.unwrap() }
+    };
+    let limiter = build(ONE_BAND, "bench:").await;
+    let two = build(TWO_BANDS, "bench2:").await;
     let mut rows = vec![];
+    let mut ratios = vec![];
     for (tasks, label) in [(1, "1"), (IN_FLIGHT, "64")] {
         reset(&conn).await;
         rows.push(with_server(set(&conn, tasks, label, secs).await, &conn, "set").await);
@@ -153,8 +163,19 @@ async fn main() {
         let row = empty_script(&conn, tasks, label, secs).await;
         rows.push(with_server(row, &conn, "evalsha").await);
         reset(&conn).await;
-        let row = decide(&limiter, tasks, label, secs).await;
+        let row = decide(&limiter, tasks, label, secs, None, "`try_acquire`, 1 band").await;
+        let one_band = row.per_second;
         rows.push(with_server(row, &conn, "evalsha").await);
+        reset(&conn).await;
+        let row = decide(&two, tasks, label, secs, None, "`try_acquire`, 2 bands").await;
+        let two_bands = row.per_second;
+        rows.push(with_server(row, &conn, "evalsha").await);
+        reset(&conn).await;
+        let what = "`try_acquire_with`, 2 bands (another quota per call)";
+        let row = decide(&two, tasks, label, secs, Some(OTHER_TWO_BANDS), what).await;
+        let with = row.per_second;
+        rows.push(with_server(row, &conn, "evalsha").await);
+        ratios.push((label, two_bands / one_band, with / one_band));
     }
     reset(&conn).await;
     rows.push(with_server(set_batch(&conn, secs).await, &conn, "set").await);
@@ -162,8 +183,10 @@ async fn main() {
     let row = decide_batch(&limiter, secs).await;
     rows.push(with_server(row, &conn, "evalsha").await);
 
+    let conversion = conversion_ns(&two).await;
     let stats = limiter.stats();
     assert_eq!(stats.backend_errors, 0);
+    assert_eq!(two.stats().backend_errors, 0);
     println!(
         "\nRedisFunnel over loopback (redis-server on the same machine), {} s per row\n",
         secs.as_secs_f64()
@@ -186,6 +209,52 @@ async fn main() {
          {} decisions, {} limited)",
         stats.decisions, stats.limited
     );
+    println!("\n| in flight | 2 bands ÷ 1 band | `try_acquire_with` 2 bands ÷ 1 band |");
+    println!("|---|---:|---:|");
+    for (label, two, with) in ratios {
+        println!("| {label} | {two:.2} | {with:.2} |");
+    }
+    println!(
+        "\nConverting a two-band quota per call (`try_acquire_with`, no Redis): \
+         {conversion:.0} ns"
+    );
+}
+
+/// The one-band limiter of the first rows.
+const ONE_BAND: Quota = Quota::new(Rate::per_second(1000), 100);
+/// The same, and an hourly band that also grants every request here: the
+/// script computes and writes both.
+const TWO_BANDS: Quota =
+    Quota::new(Rate::per_second(1000), 100).and(Rate::per_hour(3_600_000), 100_000);
+/// Another two-band quota, passed with each call (not the limiter's own,
+/// so it is converted every time).
+const OTHER_TWO_BANDS: Quota =
+    Quota::new(Rate::per_second(999), 100).and(Rate::per_hour(3_600_001), 100_000);
+
+/// The time a `try_acquire_with` of another quota spends before any I/O,
+/// less that of `try_acquire_many` (which converts nothing): both refuse
+/// a request above the capacity at once.
+async fn conversion_ns(limiter: &RedisFunnel) -> f64 {
+    let calls = 1_000_000u32;
+    let mut per_call = [0.0; 2];
+    for (with, slot) in [false, true].into_iter().zip(&mut per_call) {
+        let start = std::time::Instant::now();
+        for _ in 0..calls {
+            // Both complete without awaiting anything.
+            let r = if with {
+                limiter
+                    .try_acquire_with("k", std::hint::black_box(&OTHER_TWO_BANDS), 101)
+                    .await
+            } else {
+                limiter
+                    .try_acquire_many("k", std::hint::black_box(101))
+                    .await
+            };
+            assert!(matches!(r, Err(RedisLimitError::InsufficientCapacity)));
+        }
+        *slot = start.elapsed().as_secs_f64() * 1e9 / f64::from(calls);
+    }
+    per_call[1] - per_call[0]
 }
 
 /// Clears Redis's per-command statistics (`CONFIG RESETSTAT`).
@@ -252,17 +321,28 @@ async fn empty_script(conn: &ConnectionManager, tasks: usize, label: &str, secs:
     row("`EVALSHA` of `return 1`", label, ops, took, lat)
 }
 
-async fn decide(limiter: &RedisFunnel, tasks: usize, label: &str, secs: Duration) -> Row {
+/// `try_acquire` on the limiter's quota, or `try_acquire_with(quota)`.
+async fn decide(
+    limiter: &RedisFunnel,
+    tasks: usize,
+    label: &str,
+    secs: Duration,
+    quota: Option<Quota>,
+    what: &str,
+) -> Row {
     let limiter = limiter.clone();
     let (ops, took, lat) = run(tasks, secs, 1, move |i| {
         let limiter = limiter.clone();
         async move {
-            let answer = limiter.try_acquire(&key(i)).await;
+            let answer = match quota {
+                None => limiter.try_acquire(&key(i)).await,
+                Some(quota) => limiter.try_acquire_with(&key(i), &quota, 1).await,
+            };
             assert!(answer.is_ok() || answer.unwrap_err().retry_after().is_some());
         }
     })
     .await;
-    row("`try_acquire`", label, ops, took, lat)
+    row(what, label, ops, took, lat)
 }
 
 async fn set_batch(conn: &ConnectionManager, secs: Duration) -> Row {

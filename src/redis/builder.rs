@@ -160,7 +160,7 @@ impl RedisFunnelBuilder {
         self
     }
 
-    /// How long `build()` waits for Redis to load the script, and each
+    /// How long `build()` waits for Redis to load the scripts, and each
     /// connection attempt may take (default 1 s).
     pub fn connect_timeout(&mut self, timeout: Duration) -> &mut Self {
         self.connect_timeout = timeout;

@@ -4,8 +4,11 @@
 -- Every time is a pair (us, rem) = us * unit + rem scaled units, where unit is
 -- the number of scaled units in a microsecond (its band's) and 0 <= rem < unit:
 -- integers below 2^53 that Lua's doubles add, subtract and compare exactly
--- (see src/redis/repr.rs). Numbers are written with %.0f, never tostring
--- (which keeps only 14 digits).
+-- (see src/redis/repr.rs). Numbers are written with %d, never tostring (which
+-- keeps only 14 digits): Lua 5.1 formats %d through a C long, exact for these
+-- integers where long has 64 bits, which the write path checks first (a
+-- 32-bit long would write garbage; %.0f is exact everywhere but costs twice
+-- as much per number).
 --
 -- KEYS[1]  the key's state: "<us> <rem> <unit>" per band, space separated,
 --          each band's theoretical arrival time (when it is empty), absolute;
@@ -22,10 +25,10 @@ local bands = #ARGV / 5
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 
--- The stored bands: s_us[i], s_rem[i], s_unit[i]; kept = where the bands
--- beyond ours start in the string (nil: none).
+-- The stored bands, flat: s[3i - 2], s[3i - 1], s[3i] = band i's us, rem,
+-- unit; kept = where the bands beyond ours start in the string (nil: none).
 local state = redis.call('GET', KEYS[1])
-local s_us, s_rem, s_unit = {}, {}, {}
+local s = {}
 local stored, kept = 0, nil
 if state then
   local pos, len = 1, #state
@@ -37,8 +40,8 @@ if state then
     if not e or b >= c or (e < len and (e + 1 == len or string.byte(state, e + 1) ~= 32)) then
       return redis.error_reply('tokio-ratelimit: malformed state at ' .. KEYS[1])
     end
+    s[stored * 3 + 1], s[stored * 3 + 2], s[stored * 3 + 3] = a, b, c
     stored = stored + 1
-    s_us[stored], s_rem[stored], s_unit[stored] = a, b, c
     if e == len then
       break
     end
@@ -54,17 +57,20 @@ if ARGV[2] == '0' and ARGV[3] == '0' then
 end
 
 -- Each band: end = max(tat, now) + cost; water = end - now (now is whole
--- microseconds); it fits when water <= tau, else waits water - tau.
-local e_us, e_rem, w = {}, {}, {}
+-- microseconds); it fits when water <= tau, else waits water - tau. The
+-- refusal's reply and the grant's new state are both built as we go.
+local out = {}
+local reply = {0, now}
 local refused = false
+local last = 0
 for i = 1, bands do
   local k = (i - 1) * 5
   local unit = tonumber(ARGV[k + 1])
-  local tau_us, tau_rem = tonumber(ARGV[k + 4]), tonumber(ARGV[k + 5])
   local b_us, b_rem = now, 0
   if i <= stored then
-    local u, r = s_us[i], s_rem[i]
-    if s_unit[i] ~= unit and r > 0 then
+    local j = (i - 1) * 3
+    local u, r = s[j + 1], s[j + 2]
+    if s[j + 3] ~= unit and r > 0 then
       -- Written under another rate: its fraction of a microsecond is in
       -- other units. Round the instant up (never frees water).
       u, r = u + 1, 0
@@ -77,52 +83,42 @@ for i = 1, bands do
   if x_rem >= unit then
     x_us, x_rem = x_us + 1, x_rem - unit
   end
-  e_us[i], e_rem[i] = x_us, x_rem
   local w_us = x_us - now
+  local tau_us, tau_rem = tonumber(ARGV[k + 4]), tonumber(ARGV[k + 5])
   if w_us < tau_us or (w_us == tau_us and x_rem <= tau_rem) then
-    w[2 * i - 1], w[2 * i] = 0, 0
+    reply[2 * i + 1], reply[2 * i + 2] = 0, 0
   else
     local r_us, r_rem = w_us - tau_us, x_rem - tau_rem
     if r_rem < 0 then
       r_us, r_rem = r_us - 1, r_rem + unit
     end
-    w[2 * i - 1], w[2 * i] = r_us, r_rem
+    reply[2 * i + 1], reply[2 * i + 2] = r_us, r_rem
     refused = true
+  end
+  out[i] = string.format('%d %d ', x_us, x_rem) .. ARGV[k + 1]
+  if x_us > last then
+    last = x_us
   end
 end
 
 if refused then
-  local reply = {0, now}
-  for i = 1, 2 * bands do
-    reply[i + 2] = w[i]
-  end
   return reply
 end
-
+if string.format('%d', 9007199254740992) ~= '9007199254740992' then
+  return redis.error_reply('tokio-ratelimit: this Lua formats %d through a 32-bit long')
+end
 -- Granted: every band written, and the key expires once every band has
 -- drained: at or after the latest end, in whole milliseconds
 -- (floor(us / 1000) + 1 >= ceil(end), as the state would read as empty from
 -- then on anyway). Kept bands count too.
-local last = 0
-local out = ''
-for i = 1, bands do
-  local unit = ARGV[(i - 1) * 5 + 1]
-  if i > 1 then
-    out = out .. ' '
-  end
-  out = out .. string.format('%.0f %.0f ', e_us[i], e_rem[i]) .. unit
-  if e_us[i] > last then
-    last = e_us[i]
-  end
-end
 if kept then
-  out = out .. ' ' .. string.sub(state, kept)
-  for i = bands + 1, stored do
-    if s_us[i] > last then
-      last = s_us[i]
+  out[bands + 1] = string.sub(state, kept)
+  for i = bands, stored - 1 do
+    if s[i * 3 + 1] > last then
+      last = s[i * 3 + 1]
     end
   end
 end
-redis.call('SET', KEYS[1], out)
-redis.call('PEXPIREAT', KEYS[1], string.format('%.0f', math.floor(last / 1000) + 1))
+redis.call('SET', KEYS[1], table.concat(out, ' '))
+redis.call('PEXPIREAT', KEYS[1], string.format('%d', math.floor(last / 1000) + 1))
 return {1, now}

@@ -11,8 +11,9 @@ use super::{FailurePolicy, RedisFunnel};
 ///
 /// `decisions = granted + limited + backend_errors`: every decision that
 /// was asked of Redis (each key of a batch counts once). Requests decided
-/// locally (`n = 0`, `n > capacity`, and the refusal cache's, counted in
-/// `cached_refusals`) are not counted in `decisions`.
+/// locally (`n = 0`, `n > capacity`, an invalid quota passed with the call,
+/// and the refusal cache's, counted in `cached_refusals`) and peeks are not
+/// counted in `decisions`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RedisStats {
