@@ -245,3 +245,57 @@ async fn a_server_whose_scripts_see_no_clock_is_refused_at_build() {
     );
     server.abort();
 }
+
+/// The decision and the state it left, in one round trip: the same bands
+/// a peek then reads, and one `EVALSHA` on the server per decision.
+#[tokio::test]
+async fn a_decision_reports_its_bands_in_the_same_round_trip() {
+    let Some(server) = RedisServer::start("a_decision_reports_its_bands_in_the_same_round_trip")
+    else {
+        return;
+    };
+    let quota = Quota::new(Rate::per(1, Duration::from_secs(20)), 3)
+        .and(Rate::per(1, Duration::from_secs(3_600)), 10);
+    let l = funnel(&server, quota, "report:", 0).await;
+    let mut con = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let mut reports = Vec::new();
+    for _ in 0..4 {
+        reports.push(l.try_acquire_and_peek("k", None, 1).await.unwrap());
+    }
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let evalsha = info
+        .lines()
+        .find(|l| l.starts_with("cmdstat_evalsha:"))
+        .and_then(|l| l.split("calls=").nth(1))
+        .and_then(|c| c.split(',').next())
+        .unwrap();
+    assert_eq!(evalsha, "4", "{info}");
+    let available: Vec<Vec<u32>> = reports
+        .iter()
+        .map(|r| r.bands().map(|b| b.available).collect())
+        .collect();
+    assert_eq!(available, [vec![2, 9], vec![1, 8], vec![0, 7], vec![0, 7]]);
+    assert!(reports[..3].iter().all(tokio_ratelimit::Peek::is_granted));
+    let refused = reports[3].retry_after().unwrap();
+    assert!(refused > Duration::from_millis(19_900) && refused <= Duration::from_secs(20));
+    // The bands agree with a look right after (to the millisecond of real
+    // time between them).
+    let look = l.peek("k", 1).await.unwrap();
+    for (after, looked) in reports[3].bands().zip(look.bands()) {
+        assert_eq!(after.available, looked.available);
+        assert!(after.full_in.checked_sub(looked.full_in).unwrap() < Duration::from_millis(50));
+    }
+}

@@ -15,9 +15,12 @@
 --          absent = every band empty. A band beyond the ones stored reads as
 --          empty; stored bands beyond ARGV's are written back as they are.
 -- ARGV     per band: unit, cost_us, cost_rem, tau_us, tau_rem
--- Returns  {1, now_us} when every band grants (n = 0 only reads), then every
---          band is written; {0, now_us, wait_us, wait_rem, ...} when some band
---          refuses: each band's wait in its own units (0, 0 where it grants),
+-- Returns  {1, now_us, end_us, end_rem, ...} when every band grants, then
+--          every band is written: each band's new instant (what the caller
+--          shows as the state); {1, now_us} for n = 0 (a read);
+--          {0, now_us, wait_us, wait_rem, ..., at_us, at_rem, ...} when some
+--          band refuses: each band's wait in its own units (0, 0 where it
+--          grants), then each band's instant as read (never before now),
 --          nothing written.
 
 local bands = #ARGV / 5
@@ -61,6 +64,7 @@ end
 -- refusal's reply and the grant's new state are both built as we go.
 local out = {}
 local reply = {0, now}
+local ends = {1, now}
 local refused = false
 local last = 0
 for i = 1, bands do
@@ -79,6 +83,7 @@ for i = 1, bands do
       b_us, b_rem = u, r
     end
   end
+  reply[2 * bands + 2 * i + 1], reply[2 * bands + 2 * i + 2] = b_us, b_rem
   local x_us, x_rem = b_us + tonumber(ARGV[k + 2]), b_rem + tonumber(ARGV[k + 3])
   if x_rem >= unit then
     x_us, x_rem = x_us + 1, x_rem - unit
@@ -96,6 +101,7 @@ for i = 1, bands do
     refused = true
   end
   out[i] = string.format('%d %d ', x_us, x_rem) .. ARGV[k + 1]
+  ends[2 * i + 1], ends[2 * i + 2] = x_us, x_rem
   if x_us > last then
     last = x_us
   end
@@ -121,4 +127,4 @@ if kept then
 end
 redis.call('SET', KEYS[1], table.concat(out, ' '))
 redis.call('PEXPIREAT', KEYS[1], string.format('%d', math.floor(last / 1000) + 1))
-return {1, now}
+return ends

@@ -556,6 +556,90 @@ impl RedisFunnel {
         Ok(state::peek(quota, &stored, now_us, n))
     }
 
+    /// Takes `n` permits of `key` like [`try_acquire_with`](Self::try_acquire_with)
+    /// (under `quota`, or the limiter's own for `None`) and reports each
+    /// band's state after the decision, from the same round trip: the
+    /// report's [`answer`](Peek::answer) is the decision (`Limited` with the
+    /// exact wait, or `InsufficientCapacity`), its bands what the
+    /// `RateLimit` response headers show. A refusal from the refusal cache,
+    /// or a grant by [`FailurePolicy::Open`], has no bands; `n = 0` is a
+    /// [`peek`](Self::peek).
+    ///
+    /// # Errors
+    ///
+    /// Under [`FailurePolicy::Closed`], [`RedisLimitError::Timeout`] or
+    /// [`RedisLimitError::Backend`] when Redis could not decide;
+    /// [`RedisLimitError::InvalidQuota`] for a quota a builder would refuse.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`try_acquire_many`](Self::try_acquire_many).
+    pub async fn try_acquire_and_peek(
+        &self,
+        key: &str,
+        quota: Option<&Quota>,
+        n: u32,
+    ) -> Result<Peek, RedisLimitError> {
+        let given;
+        let quota = match quota {
+            None => &self.inner.encoded,
+            Some(q) => {
+                given = self.encode(q)?;
+                &given
+            }
+        };
+        if n == 0 {
+            return self.peek_encoded(key, quota, 0).await;
+        }
+        if n > quota.capacity() {
+            return Ok(Peek::new(
+                Err(crate::TryAcquireError::InsufficientCapacity),
+                &[],
+            ));
+        }
+        let refused = |retry_after| {
+            Ok(Peek::new(
+                Err(crate::TryAcquireError::Limited { retry_after }),
+                &[],
+            ))
+        };
+        let sent = clock::now();
+        if let Some(Err(RedisLimitError::Limited { retry_after })) =
+            self.cached(key, quota, n, sent)
+        {
+            return refused(retry_after);
+        }
+        let answer = match self.eval(key, quota, n).await {
+            Ok(answer) => answer,
+            Err(e) => {
+                self.failed(e, 1)?;
+                return Ok(Peek::new(Ok(()), &[]));
+            }
+        };
+        let decided = self.answered(answer, quota);
+        self.remember(key, quota, n, sent, &decided);
+        let decided = match decided {
+            Ok(()) => Ok(()),
+            Err(RedisLimitError::Limited { retry_after }) => {
+                Err(crate::TryAcquireError::Limited { retry_after })
+            }
+            Err(e) => return Err(e),
+        };
+        let stored: Vec<state::Stored> = match answer.instants {
+            Some(instants) => instants
+                .iter()
+                .zip(quota.bands())
+                .map(|(s, band)| state::Stored {
+                    us: s.us,
+                    rem: s.rem,
+                    unit: band.unit(),
+                })
+                .collect(),
+            None => Vec::new(),
+        };
+        Ok(state::peek(quota, &stored, answer.now_us, 0).with_answer(decided))
+    }
+
     /// The counters of this limiter and its clones.
     pub fn stats(&self) -> RedisStats {
         self.inner.counters.snapshot()

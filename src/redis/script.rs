@@ -34,11 +34,16 @@ pub(super) struct Answer {
     /// When refused, each band's wait in its own units (zero where it
     /// grants), in the quota's order.
     pub(super) waits: [Split; MAX_BANDS],
+    /// Each band's instant after the decision (granted: the new one;
+    /// refused: as it was read), in its own units; `None` for a read
+    /// (`n = 0`).
+    pub(super) instants: Option<[Split; MAX_BANDS]>,
 }
 
 impl Answer {
-    /// The reply to a decision over `bands` bands: `[1, now]`, or `[0,
-    /// now]` and two numbers per band.
+    /// The reply to a decision over `bands` bands: `[1, now]` (a read),
+    /// `[1, now]` and two numbers per band (the new instants), or `[0,
+    /// now]` and four numbers per band (the waits, then the instants).
     pub(super) fn parse(reply: &[i64], bands: usize) -> RedisResult<Answer> {
         let unexpected = || {
             RedisError::from((
@@ -50,23 +55,35 @@ impl Answer {
             return Err(unexpected());
         };
         let now_us = u64::try_from(now).map_err(|_| unexpected())?;
-        let mut waits = [Split { us: 0, rem: 0 }; MAX_BANDS];
-        match (granted, rest.len()) {
-            (1, 0) => {}
-            (0, len) if len == 2 * bands && bands <= MAX_BANDS => {
-                for (w, pair) in waits.iter_mut().zip(rest.chunks_exact(2)) {
-                    let (Ok(us), Ok(rem)) = (u64::try_from(pair[0]), u64::try_from(pair[1])) else {
-                        return Err(unexpected());
-                    };
-                    *w = Split { us, rem };
-                }
+        let splits = |numbers: &[i64]| -> RedisResult<[Split; MAX_BANDS]> {
+            let mut out = [Split { us: 0, rem: 0 }; MAX_BANDS];
+            for (o, pair) in out.iter_mut().zip(numbers.chunks_exact(2)) {
+                let (Ok(us), Ok(rem)) = (u64::try_from(pair[0]), u64::try_from(pair[1])) else {
+                    return Err(unexpected());
+                };
+                *o = Split { us, rem };
+            }
+            Ok(out)
+        };
+        if bands > MAX_BANDS {
+            return Err(unexpected());
+        }
+        let (waits, instants) = match (granted, rest.len()) {
+            (1, 0) => ([Split { us: 0, rem: 0 }; MAX_BANDS], None),
+            (1, len) if len == 2 * bands => {
+                ([Split { us: 0, rem: 0 }; MAX_BANDS], Some(splits(rest)?))
+            }
+            (0, len) if len == 4 * bands => {
+                let (waits, instants) = rest.split_at(2 * bands);
+                (splits(waits)?, Some(splits(instants)?))
             }
             _ => return Err(unexpected()),
-        }
+        };
         Ok(Answer {
             granted: granted == 1,
             now_us,
             waits,
+            instants,
         })
     }
 }

@@ -27,18 +27,12 @@ impl AsyncKeyedLimiter for RedisFunnel {
             .map_err(|_| TryAcquireError::Unavailable)
     }
 
-    /// Any quota (a tier) is taken with the call. Two round trips for now:
-    /// the decision, then a look at the state it left.
+    /// Any quota (a tier) is taken with the call; the decision and the
+    /// state it left come back in one round trip.
     async fn try_acquire_and_peek(&self, key: &String, quota: Option<&Quota>, n: u32) -> Peek {
-        let own = self.quota();
-        let quota = quota.unwrap_or(&own);
-        let answer = self
-            .try_acquire_with(key, quota, n)
-            .await
-            .map_err(|e| refusal(&e));
-        match self.peek_with(key, quota, 0).await {
-            Ok(peek) => peek.with_answer(answer),
-            Err(_) => Peek::new(answer, &[]),
+        match RedisFunnel::try_acquire_and_peek(self, key, quota, n).await {
+            Ok(peek) => peek,
+            Err(e) => Peek::new(Err(refusal(&e)), &[]),
         }
     }
 }
