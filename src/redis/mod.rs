@@ -163,6 +163,8 @@ use crate::Quota;
 
 mod builder;
 mod cache;
+mod cluster;
+mod conn;
 mod error;
 mod limiter;
 mod repr;
