@@ -362,7 +362,12 @@ async fn a_batch_takes_one_round_trip_per_master() {
     };
     let slow = Rate::per_hour(1);
     let limiter = funnel(&cluster, Quota::new(slow, 2), "b:", FailurePolicy::Closed).await;
-    let keys: Vec<String> = (0..100).map(|i| format!("user:{i}")).collect();
+    // Ten of them hashed by their tags (`b:{tag3}:minute` is in `tag3`'s
+    // slot).
+    let keys: Vec<String> = (0..90)
+        .map(|i| format!("user:{i}"))
+        .chain((0..10).map(|i| format!("{{tag{i}}}:minute")))
+        .collect();
     let owners = cluster.owners();
     let masters = cluster.masters();
     let mut per_master: HashMap<usize, u64> = HashMap::new();
@@ -768,4 +773,52 @@ async fn a_prefix_with_a_hash_tag_is_refused_on_a_cluster() {
     l.try_acquire("{user42}:day").await.unwrap();
     assert_eq!(slot("rl:{user42}:minute"), slot("rl:{user42}:day"));
     assert_eq!(slot("rl:{user42}:minute"), slot("user42"));
+}
+
+/// A manual failover (`CLUSTER FAILOVER` on the replica: it catches up,
+/// then takes over) in the middle of a run costs no decision and loses no
+/// grant: a decision sent to the old master is answered `MOVED` (it did
+/// not run) and goes once more, to the new one. Exactly the capacity is
+/// granted, and every other request refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[expect(
+    clippy::await_holding_lock,
+    reason = "one cluster at a time: the lock is held across the test on purpose (each test has its own runtime)"
+)]
+async fn a_manual_failover_costs_no_decision() {
+    const CAPACITY: u32 = 50;
+    let _serial = serial();
+    let Some(cluster) = RedisCluster::start("manual_failover") else {
+        return;
+    };
+    let limiter = funnel(
+        &cluster,
+        Quota::new(Rate::per_hour(1), CAPACITY),
+        "m:",
+        FailurePolicy::Closed,
+    )
+    .await;
+    let master = cluster.masters()[0];
+    let replica = cluster.replica_of(master);
+    let key = keys_on(&cluster, master, "m:", "k", 1).remove(0);
+    let mut r = admin(&cluster, replica).await;
+    let (mut granted, mut refused) = (0, 0);
+    for i in 0..2 * CAPACITY {
+        if i == CAPACITY / 2 {
+            let () = cmd(&mut r, &["CLUSTER", "FAILOVER"]).await;
+        }
+        match limiter.try_acquire(&key).await {
+            Ok(()) => granted += 1,
+            Err(RedisLimitError::Limited { .. }) => refused += 1,
+            Err(e) => panic!("decision {i}: {e:?}"),
+        }
+        sleep(ms(5)).await;
+    }
+    assert_eq!((granted, refused), (CAPACITY, CAPACITY));
+    assert_eq!(cluster.master_of_slot(slot(&format!("m:{key}"))), replica);
+    let stats = limiter.stats();
+    assert_eq!(
+        (stats.decisions, stats.backend_errors),
+        (u64::from(2 * CAPACITY), 0)
+    );
 }

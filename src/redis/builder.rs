@@ -14,7 +14,7 @@ use super::cluster::{self, Slots};
 use super::conn::Conn;
 use super::limiter::Inner;
 use super::repr::Encoded;
-use super::script::{PEEK_SCRIPT, SCRIPT};
+use super::script::texts;
 use super::stats::Counters;
 use super::{FailurePolicy, RedisBuildError, RedisFunnel, RedisLimitError};
 use crate::{ConfigError, Quota, Rate, clock};
@@ -246,7 +246,6 @@ impl RedisFunnelBuilder {
         // Our own deadline (per decision) fires first; the clients' only
         // clears requests a stalled server never answers.
         let response_timeout = self.timeout.saturating_mul(2);
-        let (script, peek_script) = (Script::new(SCRIPT), Script::new(PEEK_SCRIPT));
         // Connected (a cluster: its topology read) and both scripts loaded
         // now, so that a first decision or peek is one round trip too; on a
         // cluster `SCRIPT LOAD` goes to every node, replicas included.
@@ -274,15 +273,18 @@ impl RedisFunnelBuilder {
                     Conn::Cluster { conn, slots }
                 }
             };
+            let (text, peek_text) = texts(&conn);
+            let (script, peek_script) = (Script::new(text), Script::new(peek_text));
             script.load_async(&mut conn).await?;
             peek_script.load_async(&mut conn).await?;
-            Ok::<_, ::redis::RedisError>(conn)
+            Ok::<_, ::redis::RedisError>((conn, script, peek_script))
         };
         if let Target::Cluster(_) = self.target {
             check_prefix(&self.prefix)?;
         }
-        let conn = match clock::timeout(self.connect_timeout, connect).await {
-            Ok(Ok(conn)) => conn,
+        let (conn, script, peek_script) = match clock::timeout(self.connect_timeout, connect).await
+        {
+            Ok(Ok(connected)) => connected,
             Ok(Err(e)) if !e.is_timeout() => return Err(RedisBuildError::Redis(e)),
             // The connection attempt has the same timeout as ours, and
             // either may fire first: both are this one failure.

@@ -30,6 +30,26 @@ pub(super) const SCRIPT: &str = include_str!("gcra.lua");
 /// The peek's read-only script (see `peek.lua` beside this file).
 pub(super) const PEEK_SCRIPT: &str = include_str!("peek.lua");
 
+/// The decision script on a cluster: the same, declared a script that may
+/// write (a shebang without `no-writes`; Redis 7 and later). A replica then
+/// answers it `MOVED` to its master instead of running it: the cluster
+/// client opens every connection `READONLY`, and a script without flags is
+/// run by a replica that client still takes for the master (after a
+/// manual failover, say) until its write fails.
+pub(super) const CLUSTER_SCRIPT: &str = concat!("#!lua\n", include_str!("gcra.lua"));
+
+/// The peek's script on a cluster, declared as the decision's is, so that a
+/// peek reads the master too (never a lagging replica).
+pub(super) const CLUSTER_PEEK_SCRIPT: &str = concat!("#!lua\n", include_str!("peek.lua"));
+
+/// The texts of the decision script and the peek's for `conn`.
+pub(super) fn texts(conn: &Conn) -> (&'static str, &'static str) {
+    match conn {
+        Conn::Node(_) => (SCRIPT, PEEK_SCRIPT),
+        Conn::Cluster { .. } => (CLUSTER_SCRIPT, CLUSTER_PEEK_SCRIPT),
+    }
+}
+
 /// What the decision script answered.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Answer {
@@ -157,7 +177,8 @@ impl RedisFunnel {
             let call = self.invocation(key, quota, n);
             // Boxed: the call's state (its pipelines, a redirect's) would
             // otherwise weigh on every caller's future, twice.
-            async move { Box::pin(invoke::<Reply>(&mut conn, SCRIPT, &call)).await }
+            let text = texts(&conn).0;
+            async move { Box::pin(invoke::<Reply>(&mut conn, text, &call)).await }
         };
         match clock::timeout(self.inner.timeout, self.resend_if_unsent(attempt)).await {
             Err(_) => Err(self.timed_out()),
@@ -177,7 +198,8 @@ impl RedisFunnel {
             let mut conn = self.inner.conn.clone();
             let mut call = self.inner.peek_script.prepare_invoke();
             call.key(self.redis_key(key));
-            async move { Box::pin(invoke::<Look>(&mut conn, PEEK_SCRIPT, &call)).await }
+            let text = texts(&conn).1;
+            async move { Box::pin(invoke::<Look>(&mut conn, text, &call)).await }
         };
         let (now, state) =
             match clock::timeout(self.inner.timeout, self.resend_if_unsent(attempt)).await {
@@ -368,7 +390,10 @@ impl RedisFunnel {
         let mut pipe = ::redis::Pipeline::with_capacity(asked.len() + 1);
         pipe.ignore_errors();
         if load {
-            pipe.cmd("SCRIPT").arg("LOAD").arg(SCRIPT).ignore();
+            pipe.cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(texts(&self.inner.conn).0)
+                .ignore();
         }
         for &(key, n) in asked {
             pipe.invoke_script(&self.invocation(key, &self.inner.encoded, n));
