@@ -375,7 +375,10 @@ impl RedisFunnel {
     /// are decided in order.
     ///
     /// The whole batch shares one deadline; when Redis cannot decide it,
-    /// the failure policy applies to every request that needed Redis.
+    /// the failure policy applies to every request that needed Redis. On a
+    /// cluster the requests go as one pipeline per master, concurrently
+    /// (one round trip per node involved), and a node that fails or misses
+    /// the deadline fails only its own requests by the policy.
     ///
     /// # Cancel safety
     ///
