@@ -7,12 +7,14 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use ::redis::{Client, RedisResult, Script};
+use ::redis::{Client, ConnectionInfo, RedisResult, Script};
 
 use super::cache::RefusalCache;
+use super::cluster::{self, Slots};
+use super::conn::Conn;
 use super::limiter::Inner;
 use super::repr::Encoded;
-use super::script::{PEEK_SCRIPT, SCRIPT};
+use super::script::texts;
 use super::stats::Counters;
 use super::{FailurePolicy, RedisBuildError, RedisFunnel, RedisLimitError};
 use crate::{ConfigError, Quota, Rate, clock};
@@ -60,10 +62,11 @@ impl IntoClient for ::redis::ConnectionInfo {
     }
 }
 
-/// Configures a [`RedisFunnel`]; made by [`RedisFunnel::builder`].
+/// Configures a [`RedisFunnel`]; made by [`RedisFunnel::builder`] (one
+/// server) or [`RedisFunnel::cluster_builder`] (a Redis Cluster).
 #[derive(Debug, Clone)]
 pub struct RedisFunnelBuilder {
-    client: RedisResult<Client>,
+    target: Target,
     rate: Option<Rate>,
     capacity: Option<u32>,
     quota: Option<Quota>,
@@ -74,6 +77,14 @@ pub struct RedisFunnelBuilder {
     refusal_cache: usize,
 }
 
+/// What a builder connects to.
+#[derive(Debug, Clone)]
+enum Target {
+    Node(RedisResult<Client>),
+    /// The nodes the cluster client starts from (any of the cluster's).
+    Cluster(RedisResult<Vec<ConnectionInfo>>),
+}
+
 /// The refusal cache's default size: enough for every key a few abusive
 /// clients hammer at once, about 150 KB.
 const REFUSAL_CACHE: usize = 1024;
@@ -81,8 +92,17 @@ const REFUSAL_CACHE: usize = 1024;
 impl RedisFunnelBuilder {
     /// The defaults, connecting to `client`.
     pub(super) fn new(client: RedisResult<Client>) -> RedisFunnelBuilder {
+        Self::to(Target::Node(client))
+    }
+
+    /// The defaults, connecting to the cluster of `nodes`.
+    pub(super) fn cluster(nodes: RedisResult<Vec<ConnectionInfo>>) -> RedisFunnelBuilder {
+        Self::to(Target::Cluster(nodes))
+    }
+
+    fn to(target: Target) -> RedisFunnelBuilder {
         RedisFunnelBuilder {
-            client,
+            target,
             rate: None,
             capacity: None,
             quota: None,
@@ -141,6 +161,11 @@ impl RedisFunnelBuilder {
     /// Prepended to every key to make its Redis key (default `"rl:"`).
     /// Limiters that share a prefix share their keys' budgets: give each
     /// limit its own prefix.
+    ///
+    /// On a cluster, a prefix with a hash tag in it (`{`, then at least one
+    /// byte, then `}`, such as `"rl:{api}:"`) would put every key in one
+    /// slot, so on one node: [`build`](Self::build) refuses it. Put a tag in
+    /// the key instead (`"{user42}"`) to choose which keys share a slot.
     pub fn prefix(&mut self, prefix: impl Into<String>) -> &mut Self {
         self.prefix = prefix.into();
         self
@@ -218,28 +243,48 @@ impl RedisFunnelBuilder {
                 .into());
             }
         }
-        let client = self.client.clone().map_err(RedisBuildError::Redis)?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(self.connect_timeout))
-            // Our own deadline (per decision) fires first; this one only
-            // clears requests a stalled server never answers.
-            .set_response_timeout(Some(self.timeout.saturating_mul(2)))
-            // One connection attempt per reconnection, no backoff: while
-            // Redis refuses connections a decision fails at once instead of
-            // waiting out its deadline behind a backoff sleep, and the
-            // first decision after Redis is back reconnects.
-            .set_number_of_retries(0);
-        let mut conn = ConnectionManager::new_lazy_with_config(client, config)
-            .map_err(RedisBuildError::Redis)?;
-        let (script, peek_script) = (Script::new(SCRIPT), Script::new(PEEK_SCRIPT));
-        // Both loaded now, so that a first decision or peek is one round
-        // trip too.
-        let load = async {
+        // Our own deadline (per decision) fires first; the clients' only
+        // clears requests a stalled server never answers.
+        let response_timeout = self.timeout.saturating_mul(2);
+        // Connected (a cluster: its topology read) and both scripts loaded
+        // now, so that a first decision or peek is one round trip too; on a
+        // cluster `SCRIPT LOAD` goes to every node, replicas included.
+        let connect = async {
+            let mut conn = match &self.target {
+                Target::Node(client) => {
+                    let config = ConnectionManagerConfig::new()
+                        .set_connection_timeout(Some(self.connect_timeout))
+                        .set_response_timeout(Some(response_timeout))
+                        // One connection attempt per reconnection, no
+                        // backoff: while Redis refuses connections a
+                        // decision fails at once instead of waiting out its
+                        // deadline behind a backoff sleep, and the first
+                        // decision after Redis is back reconnects.
+                        .set_number_of_retries(0);
+                    let client = client.clone()?;
+                    Conn::Node(ConnectionManager::new_lazy_with_config(client, config)?)
+                }
+                Target::Cluster(nodes) => {
+                    let client =
+                        cluster::client(nodes.clone()?, self.connect_timeout, response_timeout)?;
+                    let mut conn = client.get_async_connection().await?;
+                    let slots = Slots::default();
+                    slots.table(&mut conn).await?;
+                    Conn::Cluster { conn, slots }
+                }
+            };
+            let (text, peek_text) = texts(&conn);
+            let (script, peek_script) = (Script::new(text), Script::new(peek_text));
             script.load_async(&mut conn).await?;
-            peek_script.load_async(&mut conn).await
+            peek_script.load_async(&mut conn).await?;
+            Ok::<_, ::redis::RedisError>((conn, script, peek_script))
         };
-        match clock::timeout(self.connect_timeout, load).await {
-            Ok(Ok(_)) => {}
+        if let Target::Cluster(_) = self.target {
+            check_prefix(&self.prefix)?;
+        }
+        let (conn, script, peek_script) = match clock::timeout(self.connect_timeout, connect).await
+        {
+            Ok(Ok(connected)) => connected,
             Ok(Err(e)) if !e.is_timeout() => return Err(RedisBuildError::Redis(e)),
             // The connection attempt has the same timeout as ours, and
             // either may fire first: both are this one failure.
@@ -248,7 +293,7 @@ impl RedisFunnelBuilder {
                     timeout: self.connect_timeout,
                 });
             }
-        }
+        };
         let funnel = RedisFunnel {
             inner: Arc::new(Inner {
                 conn,
@@ -291,6 +336,22 @@ impl RedisFunnelBuilder {
     }
 }
 
+/// Refuses a cluster prefix with a hash tag: every key would hash to the
+/// tag, so to one slot and one node (see
+/// [`RedisFunnelBuilder::prefix`]).
+fn check_prefix(prefix: &str) -> Result<(), ConfigError> {
+    // A tag in the prefix is a tag of every key: a `{` there, and a `}`
+    // after it there, with something between. (A `{` whose `}` is in the
+    // key leaves the choice to the key.)
+    match cluster::hash_tag(prefix.as_bytes()) {
+        Some(_) => Err(ConfigError::InvalidParameter {
+            name: "prefix",
+            reason: "a hash tag ({...}) in the prefix puts every key in one cluster slot",
+        }),
+        None => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -302,7 +363,7 @@ mod tests {
     #[test]
     fn defaults_are_the_documented_ones() {
         let b = RedisFunnel::builder("redis://127.0.0.1:6379/");
-        assert!(b.client.is_ok());
+        assert!(matches!(b.target, super::Target::Node(Ok(_))));
         assert!(b.rate.is_none());
         assert!(b.capacity.is_none());
         assert!(b.quota.is_none());

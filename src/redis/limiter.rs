@@ -7,10 +7,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
-use ::redis::aio::ConnectionManager;
-use ::redis::{ErrorKind, RedisError, Script};
+use ::redis::{IntoConnectionInfo, Script};
 
 use super::cache::RefusalCache;
+use super::conn::Conn;
 use super::repr::Encoded;
 use super::script::Answer;
 use super::state;
@@ -32,7 +32,7 @@ pub struct RedisFunnel {
 /// What a `RedisFunnel` and its clones share. Made by
 /// [`RedisFunnelBuilder::build`]; `script.rs` does its I/O.
 pub(super) struct Inner {
-    pub(super) conn: ConnectionManager,
+    pub(super) conn: Conn,
     pub(super) script: Script,
     pub(super) peek_script: Script,
     /// The quota of every call that does not pass its own.
@@ -86,6 +86,47 @@ impl RedisFunnel {
     /// [`quota`](RedisFunnelBuilder::quota) is required.
     pub fn builder(client: impl IntoClient) -> RedisFunnelBuilder {
         RedisFunnelBuilder::new(client.into_client())
+    }
+
+    /// A builder that will connect to the Redis Cluster that `nodes` belong
+    /// to (URLs such as `"redis://10.0.0.1:6379/"`, or any
+    /// [`IntoConnectionInfo`]; one reachable node is enough, the others are
+    /// found through it); a [`rate`](RedisFunnelBuilder::rate) or a
+    /// [`quota`](RedisFunnelBuilder::quota) is required. The same API and
+    /// the same answers as on one server; see the [module docs](super#redis-cluster)
+    /// for slots, hash tags, batches and failovers.
+    ///
+    /// The cluster client is built here, not taken ready-made: it must not
+    /// retry on its own (a request resent after a dropped connection may
+    /// pour twice), and a [`ClusterClient`](::redis::cluster::ClusterClient)'s
+    /// retries cannot be changed once built. Credentials and TLS go in the
+    /// URLs (`rediss://user:password@host:port/`).
+    ///
+    /// ```no_run
+    /// use tokio_ratelimit::Rate;
+    /// use tokio_ratelimit::redis::RedisFunnel;
+    ///
+    /// # #[tokio::main]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = RedisFunnel::cluster_builder(["redis://10.0.0.1:6379/", "redis://10.0.0.2:6379/"])
+    ///     .rate(Rate::per_second(10))
+    ///     .capacity(20)
+    ///     .build()
+    ///     .await?;
+    /// limiter.try_acquire("user:42").await?;
+    /// // One pipeline per master involved, sent concurrently.
+    /// let answers = limiter.try_acquire_many_keys(&[("user:1", 1), ("user:2", 1)]).await;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn cluster_builder<T: IntoConnectionInfo>(
+        nodes: impl IntoIterator<Item = T>,
+    ) -> RedisFunnelBuilder {
+        let nodes = nodes
+            .into_iter()
+            .map(IntoConnectionInfo::into_connection_info)
+            .collect();
+        RedisFunnelBuilder::cluster(nodes)
     }
 
     /// Takes one permit for `key` if it has one now.
@@ -334,7 +375,10 @@ impl RedisFunnel {
     /// are decided in order.
     ///
     /// The whole batch shares one deadline; when Redis cannot decide it,
-    /// the failure policy applies to every request that needed Redis.
+    /// the failure policy applies to every request that needed Redis. On a
+    /// cluster the requests go as one pipeline per master, concurrently
+    /// (one round trip per node involved), and a node that fails or misses
+    /// the deadline fails only its own requests by the policy.
     ///
     /// # Cancel safety
     ///
@@ -356,21 +400,15 @@ impl RedisFunnel {
             .map(|(&r, _)| r)
             .collect();
         if !asked.is_empty() {
-            let batch = self.resend_if_unsent(|| self.eval_many(&asked));
-            let mut decided = match clock::timeout(self.inner.timeout, batch).await {
-                Ok(Ok(replies)) => replies
-                    .into_iter()
-                    .map(
-                        |r| match r.and_then(|r| Answer::parse(&r, quota.bands().len())) {
-                            Ok(answer) => self.answered(answer, quota),
-                            Err(e) => self.failed(self.backend(e), 1),
-                        },
-                    )
-                    .collect(),
-                Ok(Err(e)) => self.failed_all(&self.backend(e), asked.len()),
-                Err(_) => self.failed_all(&self.timed_out(), asked.len()),
-            }
-            .into_iter();
+            let mut decided = self.eval_many(&asked).await.into_iter().map(|r| {
+                let answer = r.and_then(|r| {
+                    Answer::parse(&r, quota.bands().len()).map_err(RedisLimitError::Backend)
+                });
+                match answer {
+                    Ok(answer) => self.answered(answer, quota),
+                    Err(e) => self.failed(e, 1),
+                }
+            });
             for ((key, n), slot) in requests
                 .iter()
                 .zip(&mut answers)
@@ -386,11 +424,8 @@ impl RedisFunnel {
         answers
             .into_iter()
             .map(|a| {
-                a.unwrap_or_else(|| {
-                    // Only if Redis answered fewer replies than commands.
-                    let e = RedisError::from((ErrorKind::Parse, "missing pipeline reply"));
-                    self.failed(RedisLimitError::Backend(e), 1)
-                })
+                // `eval_many` answers every request it was asked.
+                a.unwrap_or_else(|| self.failed(super::script::missing_reply(), 1))
             })
             .collect()
     }
@@ -750,11 +785,6 @@ impl RedisFunnel {
             }
             FailurePolicy::Closed => Err(e),
         }
-    }
-
-    fn failed_all(&self, e: &RedisLimitError, count: usize) -> Vec<Result<(), RedisLimitError>> {
-        let outcome = self.failed(e.clone(), count as u64);
-        vec![outcome; count]
     }
 }
 

@@ -1,5 +1,5 @@
 //! One limit shared by many processes: the funnel per key, its state in
-//! Redis (feature `redis`).
+//! Redis or a Redis Cluster (feature `redis`).
 //!
 //! When a service runs as several replicas, a limiter in each replica lets
 //! the fleet through N times over. [`RedisFunnel`] keeps each key's state in
@@ -69,7 +69,8 @@
 //!   client load it again and retry, transparently. Redis runs a script
 //!   alone, so concurrent replicas never interleave within a decision.
 //!   [`try_acquire_many_keys`](RedisFunnel::try_acquire_many_keys) pipelines
-//!   one script call per key in a single round trip.
+//!   one script call per key in a single round trip (on a cluster, one per
+//!   master involved: see [Redis Cluster](#redis-cluster)).
 //! * **Server time.** `now` is the Redis server's `TIME`, read inside the
 //!   script, never a replica's clock: skew between replicas cannot widen
 //!   the limit. (Allowed since Redis 5, where scripts replicate their
@@ -147,6 +148,71 @@
 //! again. There is no queue shared between replicas, so waiters are not
 //! served in arrival order; a waiter that loses a race waits again.
 //!
+//! # Redis Cluster
+//!
+//! [`RedisFunnel::cluster_builder`] takes the URLs of some of a cluster's
+//! nodes (one reachable node is enough) and gives the same API, the same
+//! options and the same answers as on one server: every decision is one
+//! script call on one key, which the cluster runs on the master of that
+//! key's slot. Redis 7 or later is required on a cluster (the scripts
+//! declare themselves writers, so that a replica redirects them to its
+//! master instead of running them).
+//!
+//! * **Slots.** A key's slot is CRC16 of its Redis key, `prefix + key`, mod
+//!   16 384 — or, when the Redis key has a *hash tag* (the bytes between its
+//!   first `{` and the first `}` after it, if there is at least one), CRC16
+//!   of the tag only. Keys spread over the masters on their own; keys with
+//!   one tag (`"{user42}:api"`, `"{user42}:uploads"` of two limiters) share a
+//!   slot, so one master. A prefix with a tag in it (`"rl:{api}:"`) would put
+//!   every key of the limiter in one slot, on one master, with the others
+//!   idle: [`build`](RedisFunnelBuilder::build) refuses it on a cluster
+//!   (a [`ConfigError::InvalidParameter`] naming `prefix`), since such a
+//!   mistake only shows as one hot node under load. A `{` whose `}` is in
+//!   the key (`"rl:{"` and `"user42}"`) is the key's choice, and allowed.
+//! * **Batches by node.** [`try_acquire_many_keys`](RedisFunnel::try_acquire_many_keys)
+//!   groups its requests by the master of their slots and sends one
+//!   pipeline per master, concurrently: one round trip per node involved.
+//!   The answers come back in the caller's order; a node that fails or
+//!   misses the deadline fails its own requests by the policy, the others
+//!   stand. The grouping uses the limiter's copy of the topology
+//!   (`CLUSTER SLOTS`, read at build and again after any node failed a
+//!   batch); a batch sent on a stale copy fails by the policy for the node
+//!   that moved.
+//! * **Retries.** The cluster client is built with no retries of its own:
+//!   it would resend a request after a dropped connection, which may follow
+//!   the node running it (two pours). The limiter resends only what a node
+//!   refused before running it: a call answered `MOVED` once (the client
+//!   has read the new topology by then), one answered `ASK` to the node
+//!   named, one answered `NOSCRIPT` after loading the script on that node.
+//!   `CLUSTERDOWN` and `TRYAGAIN` fail the decision by the policy at once.
+//!   A batch's pipeline is never resent.
+//! * **Failover.** While a slot has no master (its master died, its replica
+//!   is not promoted yet) every decision on it fails by the policy: with
+//!   Redis's default `cluster-require-full-coverage yes`, every slot does.
+//!   That lasts the `cluster-node-timeout`, the failure's agreement among
+//!   the masters and the replica's election (half a second to a second,
+//!   then the votes): about 2.5 s with a 1 s node timeout in this crate's
+//!   tests. The limiter needs nothing to recover: the first decision that
+//!   reaches the new master (or is redirected to it) decides again, and
+//!   loads the script there if that replica never had it.
+//! * **What a failover can cost.** Replication is asynchronous: a master
+//!   acknowledges a write before its replica has it, so a promoted replica
+//!   may miss the last writes of its master. A lost write of a grant is a
+//!   grant Redis forgets, and grants again. Over an interval containing a
+//!   failover, a key grants at most `capacity + rate × T` **plus the grants
+//!   of its lost writes**, and those are at most what the key could grant in
+//!   the window whose writes were lost — `capacity + rate × lag` for a
+//!   replication lag `lag` (on a crash, typically below a millisecond of
+//!   writes; a master cut off from the majority keeps accepting writes for
+//!   up to `cluster-node-timeout`, and all of them are lost). Refusals are
+//!   never lost in a way that over-admits (a refusal writes nothing), and
+//!   the refusal cache only ever refuses. A promoted replica whose clock is
+//!   ahead of its master's by `δ` drains every key by `δ` more, at most
+//!   `rate × δ` more per key (bounded by the capacity); keep the nodes'
+//!   clocks synchronized. If even that must not happen, follow the writes
+//!   with `WAIT` on the application side, or use a single primary with
+//!   synchronous durability; this crate does not pay that round trip.
+//!
 //! # Real time only
 //!
 //! Unlike the in-process limiters, a `RedisFunnel` cannot run under tokio's
@@ -163,6 +229,8 @@ use crate::Quota;
 
 mod builder;
 mod cache;
+mod cluster;
+mod conn;
 mod error;
 mod limiter;
 mod repr;

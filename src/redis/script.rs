@@ -12,7 +12,11 @@ use std::pin::pin;
 use std::sync::atomic::Ordering;
 use std::task::Poll;
 
-use ::redis::{ErrorKind, RedisError, RedisResult, ScriptInvocation, ServerErrorKind};
+use ::redis::{
+    ErrorKind, FromRedisValue, RedisError, RedisResult, ScriptInvocation, ServerErrorKind,
+};
+
+use super::conn::Conn;
 
 use super::repr::{Encoded, Split};
 use super::state::{self, Stored};
@@ -25,6 +29,26 @@ pub(super) const SCRIPT: &str = include_str!("gcra.lua");
 
 /// The peek's read-only script (see `peek.lua` beside this file).
 pub(super) const PEEK_SCRIPT: &str = include_str!("peek.lua");
+
+/// The decision script on a cluster: the same, declared a script that may
+/// write (a shebang without `no-writes`; Redis 7 and later). A replica then
+/// answers it `MOVED` to its master instead of running it: the cluster
+/// client opens every connection `READONLY`, and a script without flags is
+/// run by a replica that client still takes for the master (after a
+/// manual failover, say) until its write fails.
+pub(super) const CLUSTER_SCRIPT: &str = concat!("#!lua\n", include_str!("gcra.lua"));
+
+/// The peek's script on a cluster, declared as the decision's is, so that a
+/// peek reads the master too (never a lagging replica).
+pub(super) const CLUSTER_PEEK_SCRIPT: &str = concat!("#!lua\n", include_str!("peek.lua"));
+
+/// The texts of the decision script and the peek's for `conn`.
+pub(super) fn texts(conn: &Conn) -> (&'static str, &'static str) {
+    match conn {
+        Conn::Node(_) => (SCRIPT, PEEK_SCRIPT),
+        Conn::Cluster { .. } => (CLUSTER_SCRIPT, CLUSTER_PEEK_SCRIPT),
+    }
+}
 
 /// What the decision script answered.
 #[derive(Debug, Clone, Copy)]
@@ -94,6 +118,68 @@ pub(super) type Reply = Vec<i64>;
 /// The peek script's reply: the server time and the state.
 type Look = (i64, Option<String>);
 
+/// Sends one call of the script whose text is `text`, and reads its reply.
+///
+/// `EVALSHA`; after `NOSCRIPT` (a `SCRIPT FLUSH`, a restart, a promoted
+/// replica that never loaded it) `SCRIPT LOAD` and the `EVALSHA` again, in
+/// one pipeline, so to the same node. On a cluster, a call answered `MOVED`
+/// goes once more (the client has refreshed its slot map by then), and one
+/// answered `ASK` goes to the node named, after `ASKING`. Each of these
+/// answers proves that the node did not run the script, so sending again
+/// cannot pour twice; anything else is the caller's (see `cluster.rs` on
+/// why the cluster client itself retries nothing).
+async fn invoke<T: FromRedisValue>(
+    conn: &mut Conn,
+    text: &str,
+    call: &ScriptInvocation<'_>,
+) -> RedisResult<T> {
+    let (mut load, mut moved) = (false, false);
+    let mut ask: Option<String> = None;
+    loop {
+        let mut pipe = ::redis::Pipeline::with_capacity(3);
+        if ask.is_some() {
+            pipe.cmd("ASKING").ignore();
+        }
+        if load {
+            pipe.cmd("SCRIPT").arg("LOAD").arg(text).ignore();
+        }
+        pipe.invoke_script(call);
+        let reply = match &ask {
+            None => pipe.query_async::<(T,)>(conn).await.map(|(t,)| t),
+            Some(node) => match conn.last_reply_at(node, &pipe).await {
+                Ok(v) => ::redis::from_redis_value(v).map_err(RedisError::from),
+                Err(e) => Err(e),
+            },
+        };
+        let e = match reply {
+            Ok(t) => return Ok(t),
+            Err(e) => e,
+        };
+        match e.kind() {
+            ErrorKind::Server(ServerErrorKind::NoScript) if !load => load = true,
+            ErrorKind::Server(ServerErrorKind::Moved) if !moved => {
+                moved = true;
+                ask = None;
+            }
+            ErrorKind::Server(ServerErrorKind::Ask) if ask.is_none() => {
+                let Some((node, _slot)) = e.redirect_node() else {
+                    return Err(e);
+                };
+                ask = Some(node.to_owned());
+            }
+            _ => return Err(e),
+        }
+    }
+}
+
+/// A reply Redis did not send (fewer replies than commands).
+pub(super) fn missing_reply() -> RedisLimitError {
+    RedisLimitError::Backend(RedisError::from((
+        ErrorKind::Parse,
+        "missing pipeline reply",
+    )))
+}
+
 impl RedisFunnel {
     /// One script call, within the deadline (a second attempt included,
     /// see [`resend_if_unsent`](Self::resend_if_unsent)).
@@ -106,9 +192,10 @@ impl RedisFunnel {
         let attempt = || {
             let mut conn = self.inner.conn.clone();
             let call = self.invocation(key, quota, n);
-            // `invoke_async` sends EVALSHA, and on NOSCRIPT loads the
-            // script and sends it again.
-            async move { call.invoke_async::<Reply>(&mut conn).await }
+            // Boxed: the call's state (its pipelines, a redirect's) would
+            // otherwise weigh on every caller's future, twice.
+            let text = texts(&conn).0;
+            async move { Box::pin(invoke::<Reply>(&mut conn, text, &call)).await }
         };
         match clock::timeout(self.inner.timeout, self.resend_if_unsent(attempt)).await {
             Err(_) => Err(self.timed_out()),
@@ -128,7 +215,8 @@ impl RedisFunnel {
             let mut conn = self.inner.conn.clone();
             let mut call = self.inner.peek_script.prepare_invoke();
             call.key(self.redis_key(key));
-            async move { call.invoke_async::<Look>(&mut conn).await }
+            let text = texts(&conn).1;
+            async move { Box::pin(invoke::<Look>(&mut conn, text, &call)).await }
         };
         let (now, state) =
             match clock::timeout(self.inner.timeout, self.resend_if_unsent(attempt)).await {
@@ -219,40 +307,111 @@ impl RedisFunnel {
         call
     }
 
-    /// Script calls for many keys in one pipeline, each under the
-    /// limiter's own quota; the ones that find the script flushed go again
-    /// after a `SCRIPT LOAD`.
+    /// Script calls for many keys, each under the limiter's own quota,
+    /// within one deadline: one pipeline on a single node; on a cluster
+    /// one pipeline per master, sent concurrently, each with its own
+    /// outcome (a node that fails or is too slow fails its requests only).
+    /// `replies[i]` answers `asked[i]`.
     pub(super) async fn eval_many(
         &self,
         asked: &[(&str, u32)],
-    ) -> RedisResult<Vec<RedisResult<Reply>>> {
-        let mut conn = self.inner.conn.clone();
-        let mut replies: Vec<RedisResult<Reply>> =
-            self.pipeline(asked).query_async(&mut conn).await?;
-        let missing: Vec<usize> = (0..replies.len())
-            .filter(|&i| {
-                matches!(&replies[i], Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript))
-            })
-            .collect();
-        if !missing.is_empty() {
-            self.inner.script.load_async(&mut conn).await?;
-            let again: Vec<(&str, u32)> = missing.iter().map(|&i| asked[i]).collect();
-            let retried: Vec<RedisResult<Reply>> =
-                self.pipeline(&again).query_async(&mut conn).await?;
-            for (i, r) in missing.into_iter().zip(retried) {
-                replies[i] = r;
+    ) -> Vec<Result<Reply, RedisLimitError>> {
+        let deadline = clock::now() + self.inner.timeout;
+        let Conn::Cluster { conn, slots } = &self.inner.conn else {
+            return self.eval_on_one_node(asked, deadline).await;
+        };
+        let mut conn = conn.clone();
+        let table = match clock::timeout_at(deadline, slots.table(&mut conn)).await {
+            Ok(Ok(table)) => table,
+            Ok(Err(e)) => return vec![Err(self.backend(e)); asked.len()],
+            Err(_) => return vec![Err(self.timed_out()); asked.len()],
+        };
+        let keys: Vec<String> = asked.iter().map(|(key, _)| self.redis_key(key)).collect();
+        let groups = table.group(keys.iter().map(String::as_bytes));
+        let sent = groups.iter().map(|group| {
+            let mine: Vec<(&str, u32)> = group.iter().map(|&i| asked[i]).collect();
+            async move { self.eval_on_one_node(&mine, deadline).await }
+        });
+        let mut replies: Vec<Option<Result<Reply, RedisLimitError>>> = vec![None; asked.len()];
+        for (group, answers) in groups.iter().zip(futures::future::join_all(sent).await) {
+            if answers
+                .iter()
+                .any(|r| matches!(r, Err(e) if e.is_backend_failure()))
+            {
+                // The topology may have changed: ask for it again.
+                slots.forget();
+            }
+            for (&i, answer) in group.iter().zip(answers) {
+                replies[i] = Some(answer);
             }
         }
-        Ok(replies)
+        replies
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(missing_reply())))
+            .collect()
+    }
+
+    /// Script calls for keys of one node in one pipeline, within
+    /// `deadline`; the ones that find the script flushed go again in one
+    /// more pipeline that loads it first (to the same node).
+    async fn eval_on_one_node(
+        &self,
+        asked: &[(&str, u32)],
+        deadline: tokio::time::Instant,
+    ) -> Vec<Result<Reply, RedisLimitError>> {
+        // Boxed, as a single call's (see `eval`).
+        let attempt = || {
+            Box::pin(async {
+                let mut conn = self.inner.conn.clone();
+                let first = self.redis_key(asked[0].0);
+                let mut replies: Vec<RedisResult<Reply>> = conn
+                    .replies(self.pipeline(asked, false), 0, first.as_bytes())
+                    .await?;
+                let missing: Vec<usize> = (0..replies.len())
+                .filter(|&i| {
+                    matches!(&replies[i], Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript))
+                })
+                .collect();
+                if !missing.is_empty() {
+                    let again: Vec<(&str, u32)> = missing.iter().map(|&i| asked[i]).collect();
+                    let retried: Vec<RedisResult<Reply>> = conn
+                        .replies(self.pipeline(&again, true), 1, first.as_bytes())
+                        .await?;
+                    for (i, r) in missing.into_iter().zip(retried) {
+                        replies[i] = r;
+                    }
+                }
+                Ok::<_, RedisError>(replies)
+            })
+        };
+        let mut replies: Vec<Result<Reply, RedisLimitError>> =
+            match clock::timeout_at(deadline, self.resend_if_unsent(attempt)).await {
+                Ok(Ok(replies)) => replies
+                    .into_iter()
+                    .map(|r| r.map_err(|e| self.backend(e)))
+                    .collect(),
+                Ok(Err(e)) => vec![Err(self.backend(e)); asked.len()],
+                Err(_) => vec![Err(self.timed_out()); asked.len()],
+            };
+        // Only if Redis answered fewer replies than commands.
+        replies.resize_with(asked.len(), || Err(missing_reply()));
+        replies
     }
 
     /// One `EVALSHA` per request, each [`invocation`](Self::invocation)'s,
     /// with each reply kept apart (one key's error does not fail the
-    /// others). Unlike the single call, a pipeline does not reload the
-    /// script itself: [`eval_many`](Self::eval_many) does.
-    fn pipeline(&self, asked: &[(&str, u32)]) -> ::redis::Pipeline {
-        let mut pipe = ::redis::Pipeline::with_capacity(asked.len());
+    /// others); after a `SCRIPT LOAD` (whose reply is not kept) when
+    /// `load`. Unlike the single call, a pipeline does not reload the
+    /// script itself: [`eval_on_one_node`](Self::eval_on_one_node) does.
+    fn pipeline(&self, asked: &[(&str, u32)], load: bool) -> ::redis::Pipeline {
+        let mut pipe = ::redis::Pipeline::with_capacity(asked.len() + 1);
         pipe.ignore_errors();
+        if load {
+            pipe.cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(texts(&self.inner.conn).0)
+                .ignore();
+        }
         for &(key, n) in asked {
             pipe.invoke_script(&self.invocation(key, &self.inner.encoded, n));
         }

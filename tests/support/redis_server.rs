@@ -170,6 +170,11 @@ impl RedisServer {
         self.port
     }
 
+    /// Whether the server runs (it was not [`kill`](Self::kill)ed).
+    pub(crate) fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
     /// Kills the server (SIGKILL): connections drop, state is lost.
     pub(crate) fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
