@@ -45,31 +45,122 @@ impl Policy {
     }
 }
 
+/// The fields of one quota that do not change from response to response:
+/// its `RateLimit-Policy` value, and each band's `RateLimit` item up to its
+/// remaining count (`"40-per-2s";r=`).
+#[derive(Debug)]
+pub(crate) struct Fields {
+    bands: Vec<Band>,
+    policy: HeaderValue,
+    prefixes: Vec<String>,
+}
+
+impl Fields {
+    fn of(bands: &[Band]) -> Option<Fields> {
+        let mut policy = String::new();
+        let mut prefixes = Vec::with_capacity(bands.len());
+        for (i, band) in bands.iter().enumerate() {
+            let p = Policy::of(band);
+            if i > 0 {
+                policy.push_str(", ");
+            }
+            write!(policy, "\"{}\";q={};w={}", p.name, p.q, p.w).ok()?;
+            prefixes.push(format!("\"{}\";r=", p.name));
+        }
+        Some(Fields {
+            bands: bands.to_vec(),
+            policy: HeaderValue::try_from(policy).ok()?,
+            prefixes,
+        })
+    }
+
+    /// `RateLimit-Policy`.
+    pub(crate) fn policy(&self) -> HeaderValue {
+        self.policy.clone()
+    }
+
+    /// `RateLimit` for `states` (of these bands, in order).
+    pub(crate) fn limit(&self, states: &[BandState]) -> Option<HeaderValue> {
+        let mut out = String::with_capacity(self.prefixes.iter().map(|p| p.len() + 26).sum());
+        for (i, (prefix, b)) in self.prefixes.iter().zip(states).enumerate() {
+            if i > 0 {
+                out.push_str(", ");
+            }
+            out.push_str(prefix);
+            push_u64(&mut out, u64::from(b.available));
+            out.push_str(";t=");
+            push_u64(&mut out, seconds_up(b.next_in));
+        }
+        // Digits, letters, quotes and punctuation: a valid value, taken
+        // without a copy.
+        HeaderValue::try_from(out).ok()
+    }
+}
+
+/// The [`Fields`] of the quotas a layer has seen, built once each.
+#[derive(Debug, Default)]
+pub(crate) struct FieldsCache {
+    seen: std::sync::RwLock<Vec<std::sync::Arc<Fields>>>,
+}
+
+impl FieldsCache {
+    /// The most quotas kept (tiers are few; past this they are built per
+    /// response).
+    const MOST: usize = 64;
+
+    /// The fields of the quota whose bands `states` are; `None` for none.
+    pub(crate) fn get(&self, states: &[BandState]) -> Option<std::sync::Arc<Fields>> {
+        if states.is_empty() {
+            return None;
+        }
+        let same = |f: &Fields| {
+            f.bands.len() == states.len() && f.bands.iter().zip(states).all(|(a, b)| *a == b.band)
+        };
+        let read = |seen: &Vec<std::sync::Arc<Fields>>| seen.iter().find(|f| same(f)).cloned();
+        if let Some(found) = read(
+            &self
+                .seen
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        ) {
+            return Some(found);
+        }
+        let bands: Vec<Band> = states.iter().map(|b| b.band).collect();
+        let fields = std::sync::Arc::new(Fields::of(&bands)?);
+        let mut seen = self
+            .seen
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(found) = read(&seen) {
+            return Some(found);
+        }
+        if seen.len() < Self::MOST {
+            seen.push(std::sync::Arc::clone(&fields));
+        }
+        Some(fields)
+    }
+}
+
+/// `n` in decimal at the end of `out`.
+fn push_u64(out: &mut String, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b"0123456789"[usize::from(u8::try_from(n % 10).unwrap_or(0))];
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for &d in &digits[i..] {
+        out.push(char::from(d));
+    }
+}
+
 /// Whole seconds, rounded up.
 pub(crate) fn seconds_up(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
-}
-
-/// `RateLimit-Policy`: one item per band (`"q-per-ws";q=…;w=…`).
-pub(crate) fn policy(bands: &[BandState]) -> Option<HeaderValue> {
-    list(bands, |out, b| {
-        let p = Policy::of(&b.band);
-        write!(out, "\"{}\";q={};w={}", p.name, p.q, p.w)
-    })
-}
-
-/// `RateLimit`: one item per band (`"q-per-ws";r=…;t=…`).
-pub(crate) fn limit(bands: &[BandState]) -> Option<HeaderValue> {
-    list(bands, |out, b| {
-        let p = Policy::of(&b.band);
-        write!(
-            out,
-            "\"{}\";r={};t={}",
-            p.name,
-            b.available,
-            seconds_up(b.next_in)
-        )
-    })
 }
 
 /// The legacy fields, for the band that binds first (the fewest
@@ -84,25 +175,6 @@ pub(crate) fn legacy(bands: &[BandState]) -> Option<[(&'static str, HeaderValue)
         ("x-ratelimit-remaining", b.available.into()),
         ("x-ratelimit-reset", seconds_up(b.next_in).into()),
     ])
-}
-
-fn list(
-    bands: &[BandState],
-    mut item: impl FnMut(&mut String, &BandState) -> std::fmt::Result,
-) -> Option<HeaderValue> {
-    if bands.is_empty() {
-        return None;
-    }
-    let mut out = String::new();
-    for (i, b) in bands.iter().enumerate() {
-        if i > 0 {
-            out.push_str(", ");
-        }
-        item(&mut out, b).ok()?;
-    }
-    // Digits, letters, `"`, `;`, `=`, `,`, `-` and spaces: always a valid
-    // header value.
-    HeaderValue::from_str(&out).ok()
 }
 
 #[cfg(test)]
@@ -150,12 +222,14 @@ mod tests {
                 Duration::from_secs(8) + Duration::from_millis(640),
             ),
         ];
+        let cache = FieldsCache::default();
+        let fields = cache.get(&bands).unwrap();
         assert_eq!(
-            policy(&bands).unwrap(),
+            fields.policy(),
             r#""40-per-2s";q=40;w=2, "10000-per-86400s";q=10000;w=86400"#
         );
         assert_eq!(
-            limit(&bands).unwrap(),
+            fields.limit(&bands).unwrap(),
             r#""40-per-2s";r=3;t=1, "10000-per-86400s";r=9960;t=9"#
         );
         let [l, r, t] = legacy(&bands).unwrap();
@@ -167,6 +241,14 @@ mod tests {
                 HeaderValue::from(1)
             )
         );
-        assert!(policy(&[]).is_none() && legacy(&[]).is_none());
+        assert!(cache.get(&[]).is_none() && legacy(&[]).is_none());
+        // Built once per quota.
+        assert!(std::sync::Arc::ptr_eq(&fields, &cache.get(&bands).unwrap()));
+        let mut s = String::new();
+        for n in [0, 7, 10, 12_345, u64::MAX] {
+            s.clear();
+            push_u64(&mut s, n);
+            assert_eq!(s, n.to_string());
+        }
     }
 }

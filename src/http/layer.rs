@@ -15,7 +15,7 @@ use tower_service::Service;
 use super::client::{ClientKey, KeyExtractor};
 use super::headers;
 use crate::keyed::AsyncKeyedLimiter;
-use crate::{BandState, Quota, TryAcquireError};
+use crate::{BandState, Peek, Quota, TryAcquireError};
 
 /// What to do with a request whose key cannot be extracted (no peer
 /// address, no such header): never a panic.
@@ -44,6 +44,8 @@ struct Config<L, E> {
     unavailable_retry_after: Duration,
     policy_headers: bool,
     legacy_headers: bool,
+    /// The fields of each quota seen, built once.
+    fields: headers::FieldsCache,
 }
 
 /// Rate limits an HTTP service per client, answering for the limit: finds
@@ -64,8 +66,15 @@ struct Config<L, E> {
 /// On granted and refused responses alike it adds `RateLimit-Policy` and
 /// `RateLimit` (draft-ietf-httpapi-ratelimit-headers-12; one item per band
 /// of the key's quota, see the [module docs](super)), and optionally the
-/// legacy `X-RateLimit-Limit`, `-Remaining` and `-Reset`, all from the
-/// state the decision left (no second look for a local map).
+/// legacy `X-RateLimit-Limit`, `-Remaining` and `-Reset`, from the key's
+/// state after the decision: for `RedisFunnel` the one round trip's
+/// answer; for a local map a look right after it (so under concurrency
+/// `r` may already count another request's permits). `RateLimit-Policy`
+/// is built once per quota.
+///
+/// A local map decides inside `call`, and the service made ready is
+/// called at once: no future is boxed. A shared store's decision is one
+/// boxed future.
 ///
 /// Refusals have an empty body (`ResBody: Default`, as axum's `Body`);
 /// their statuses are configurable. The service must be `Clone` (the one
@@ -115,6 +124,7 @@ impl<L, E> HttpRateLimitLayer<L, E> {
                 unavailable_retry_after: Duration::from_secs(1),
                 policy_headers: true,
                 legacy_headers: false,
+                fields: headers::FieldsCache::default(),
             }),
         }
     }
@@ -254,7 +264,7 @@ where
 {
     type Response = Response<ResBody>;
     type Error = S::Error;
-    type Future = BoxFuture<'static, Result<Response<ResBody>, S::Error>>;
+    type Future = ResponseFuture<S::Future, ResBody, S::Error>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
@@ -264,68 +274,202 @@ where
         let (parts, body) = request.into_parts();
         let key = self.config.extractor.extract(&parts);
         let request = Request::from_parts(parts, body);
-        // The service made ready goes with the decision.
+        let key = match key {
+            Some(key) => key,
+            None => match &self.config.unidentified {
+                Unidentified::Key(key) => key.clone(),
+                Unidentified::Allow => {
+                    return ResponseFuture::called(self.inner.call(request), Added::none());
+                }
+                Unidentified::Reject(status) => {
+                    tracing::debug!(%status, "http rate limit: no key for the request");
+                    return ResponseFuture::ready(empty(*status));
+                }
+            },
+        };
+        let quota = self.config.quota_for.as_ref().and_then(|f| f(&key));
+        let key = L::Key::from(key);
+        // A local map decides at once: the service made ready is called
+        // now, and no future is boxed.
+        if let Some(report) = self
+            .config
+            .limiter
+            .try_acquire_and_peek_now(&key, quota.as_ref(), 1)
+        {
+            let added = self.config.fields(&report);
+            return match self.config.refusal(&report) {
+                None => ResponseFuture::called(self.inner.call(request), added),
+                Some(mut response) => {
+                    added.add_to(&mut response);
+                    ResponseFuture::ready(response)
+                }
+            };
+        }
+        // A shared store: the service made ready goes with the decision.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let config = Arc::clone(&self.config);
-        Box::pin(async move {
-            let key = match key {
-                Some(key) => key,
-                None => match &config.unidentified {
-                    Unidentified::Key(key) => key.clone(),
-                    Unidentified::Allow => return inner.call(request).await,
-                    Unidentified::Reject(status) => {
-                        tracing::debug!(%status, "http rate limit: no key for the request");
-                        return Ok(empty(*status));
-                    }
-                },
-            };
-            let quota = config.quota_for.as_ref().and_then(|f| f(&key));
+        ResponseFuture::boxed(Box::pin(async move {
             let report = config
                 .limiter
-                .try_acquire_and_peek(&L::Key::from(key), quota.as_ref(), 1)
+                .try_acquire_and_peek(&key, quota.as_ref(), 1)
                 .await;
-            // The state is the key's only when the limit decided on it.
-            let decided = matches!(
-                report.answer(),
-                Ok(()) | Err(TryAcquireError::Limited { .. })
-            );
-            let bands: Vec<BandState> = if decided {
-                report.bands().collect()
-            } else {
-                Vec::new()
+            let added = config.fields(&report);
+            let mut response = match config.refusal(&report) {
+                None => inner.call(request).await?,
+                Some(response) => response,
             };
-            let mut response = match report.answer() {
-                Ok(()) => inner.call(request).await?,
-                Err(TryAcquireError::Limited { retry_after }) => {
-                    with_retry_after(config.limited, retry_after)
-                }
-                Err(TryAcquireError::Unavailable) => {
-                    with_retry_after(config.unavailable, config.unavailable_retry_after)
-                }
-                Err(error) => {
-                    // n = 1 above every capacity cannot be; a closed
-                    // limiter, or a quota it cannot hold keys to.
-                    tracing::warn!(%error, "http rate limit: the limiter cannot serve the request");
-                    empty(StatusCode::SERVICE_UNAVAILABLE)
-                }
-            };
-            let fields = response.headers_mut();
-            if config.policy_headers {
-                if let Some(v) = headers::policy(&bands) {
-                    fields.insert(HeaderName::from_static("ratelimit-policy"), v);
-                }
-                if let Some(v) = headers::limit(&bands) {
-                    fields.insert(HeaderName::from_static("ratelimit"), v);
-                }
-            }
-            if config.legacy_headers {
-                for (name, v) in headers::legacy(&bands).into_iter().flatten() {
-                    fields.insert(HeaderName::from_static(name), v);
-                }
-            }
+            added.add_to(&mut response);
             Ok(response)
-        })
+        }))
+    }
+}
+
+impl<L, E> Config<L, E> {
+    /// The response for a refused request (`None`: granted).
+    fn refusal<B: Default>(&self, report: &Peek) -> Option<Response<B>> {
+        match report.answer() {
+            Ok(()) => None,
+            Err(TryAcquireError::Limited { retry_after }) => {
+                Some(with_retry_after(self.limited, retry_after))
+            }
+            Err(TryAcquireError::Unavailable) => Some(with_retry_after(
+                self.unavailable,
+                self.unavailable_retry_after,
+            )),
+            Err(error) => {
+                // n = 1 above every capacity cannot be; a closed limiter,
+                // or a quota it cannot hold keys to.
+                tracing::warn!(%error, "http rate limit: the limiter cannot serve the request");
+                Some(empty(StatusCode::SERVICE_UNAVAILABLE))
+            }
+        }
+    }
+
+    /// The rate-limit fields for a response to `report`: none unless the
+    /// limit decided on the key (its state is the key's only then).
+    fn fields(&self, report: &Peek) -> Added {
+        let decided = matches!(
+            report.answer(),
+            Ok(()) | Err(TryAcquireError::Limited { .. })
+        );
+        let mut added = Added::none();
+        if !decided || !(self.policy_headers || self.legacy_headers) {
+            return added;
+        }
+        let states: Vec<BandState> = report.bands().collect();
+        if self.policy_headers {
+            if let Some(fields) = self.fields.get(&states) {
+                added.push(HeaderName::from_static("ratelimit-policy"), fields.policy());
+                if let Some(v) = fields.limit(&states) {
+                    added.push(HeaderName::from_static("ratelimit"), v);
+                }
+            }
+        }
+        if self.legacy_headers {
+            for (name, v) in headers::legacy(&states).into_iter().flatten() {
+                added.push(HeaderName::from_static(name), v);
+            }
+        }
+        added
+    }
+}
+
+/// Fields to add to a response, kept inline (at most five).
+struct Added {
+    fields: [Option<(HeaderName, HeaderValue)>; 5],
+}
+
+impl Added {
+    fn none() -> Added {
+        Added {
+            fields: Default::default(),
+        }
+    }
+
+    fn push(&mut self, name: HeaderName, value: HeaderValue) {
+        if let Some(slot) = self.fields.iter_mut().find(|f| f.is_none()) {
+            *slot = Some((name, value));
+        }
+    }
+
+    fn add_to<B>(self, response: &mut Response<B>) {
+        let headers = response.headers_mut();
+        for (name, value) in self.fields.into_iter().flatten() {
+            headers.insert(name, value);
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The response future of [`HttpRateLimit`]: the service's response
+    /// with the rate-limit fields added, or the refusal.
+    pub struct ResponseFuture<F, B, E> {
+        #[pin]
+        kind: Kind<F, B, E>,
+    }
+}
+
+pin_project_lite::pin_project! {
+    #[project = KindProj]
+    enum Kind<F, B, E> {
+        Called { #[pin] future: F, added: Option<Added> },
+        Ready { response: Option<Response<B>> },
+        Boxed { future: BoxFuture<'static, Result<Response<B>, E>> },
+    }
+}
+
+impl<F, B, E> ResponseFuture<F, B, E> {
+    fn called(future: F, added: Added) -> Self {
+        ResponseFuture {
+            kind: Kind::Called {
+                future,
+                added: Some(added),
+            },
+        }
+    }
+
+    fn ready(response: Response<B>) -> Self {
+        ResponseFuture {
+            kind: Kind::Ready {
+                response: Some(response),
+            },
+        }
+    }
+
+    fn boxed(future: BoxFuture<'static, Result<Response<B>, E>>) -> Self {
+        ResponseFuture {
+            kind: Kind::Boxed { future },
+        }
+    }
+}
+
+impl<F, B, E> std::future::Future for ResponseFuture<F, B, E>
+where
+    F: std::future::Future<Output = Result<Response<B>, E>>,
+{
+    type Output = Result<Response<B>, E>;
+
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().kind.project() {
+            KindProj::Called { future, added } => {
+                let mut response = std::task::ready!(future.poll(cx))?;
+                if let Some(added) = added.take() {
+                    added.add_to(&mut response);
+                }
+                Poll::Ready(Ok(response))
+            }
+            KindProj::Ready { response } => Poll::Ready(Ok(response
+                .take()
+                .expect("ResponseFuture polled after completion"))),
+            KindProj::Boxed { future } => future.as_mut().poll(cx),
+        }
+    }
+}
+
+impl<F, B, E> fmt::Debug for ResponseFuture<F, B, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
     }
 }
 

@@ -40,4 +40,4 @@ mod headers;
 mod layer;
 
 pub use client::{Cidr, CidrError, ClientIp, ClientKey, Global, Header, KeyExtractor, Or};
-pub use layer::{HttpRateLimit, HttpRateLimitLayer, Unidentified};
+pub use layer::{HttpRateLimit, HttpRateLimitLayer, ResponseFuture, Unidentified};

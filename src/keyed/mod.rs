@@ -247,6 +247,19 @@ pub trait AsyncKeyedLimiter: Send + Sync {
         };
         bands.with_answer(answer)
     }
+
+    /// [`try_acquire_and_peek`](Self::try_acquire_and_peek) when it can be
+    /// had without waiting for I/O (a local map), else `None` without
+    /// taking anything: middleware then needs no boxed future.
+    fn try_acquire_and_peek_now(
+        &self,
+        key: &Self::Key,
+        quota: Option<&Quota>,
+        n: u32,
+    ) -> Option<Peek> {
+        let _ = (key, quota, n);
+        None
+    }
 }
 
 #[async_trait::async_trait]
@@ -271,6 +284,15 @@ where
     async fn try_acquire_and_peek(&self, key: &Self::Key, quota: Option<&Quota>, n: u32) -> Peek {
         KeyedLimiter::try_acquire_and_peek(self, key, quota, n)
     }
+
+    fn try_acquire_and_peek_now(
+        &self,
+        key: &Self::Key,
+        quota: Option<&Quota>,
+        n: u32,
+    ) -> Option<Peek> {
+        Some(KeyedLimiter::try_acquire_and_peek(self, key, quota, n))
+    }
 }
 
 /// A shared handle (`Arc<dyn AsyncKeyedLimiter<Key = K>>` picked from
@@ -293,6 +315,15 @@ impl<L: AsyncKeyedLimiter + ?Sized> AsyncKeyedLimiter for Arc<L> {
 
     async fn try_acquire_and_peek(&self, key: &Self::Key, quota: Option<&Quota>, n: u32) -> Peek {
         (**self).try_acquire_and_peek(key, quota, n).await
+    }
+
+    fn try_acquire_and_peek_now(
+        &self,
+        key: &Self::Key,
+        quota: Option<&Quota>,
+        n: u32,
+    ) -> Option<Peek> {
+        (**self).try_acquire_and_peek_now(key, quota, n)
     }
 }
 
