@@ -72,6 +72,9 @@ enum Backend {
         prefix: String,
         policy: tokio_ratelimit::redis::FailurePolicy,
     },
+    /// A `RedisFunnel` on this Redis Cluster.
+    #[cfg(feature = "redis")]
+    Cluster { nodes: Vec<String>, prefix: String },
 }
 
 const LOCAL: Backend = Backend::Local {
@@ -137,6 +140,17 @@ impl Server {
                             .quota(config.free)
                             .prefix(prefix)
                             .failure_policy(policy)
+                            .build()
+                            .await
+                            .unwrap();
+                        (Arc::new(shared), None)
+                    }
+                    #[cfg(feature = "redis")]
+                    Backend::Cluster { nodes, prefix } => {
+                        let shared = tokio_ratelimit::redis::RedisFunnel::cluster_builder(nodes)
+                            .quota(config.free)
+                            .prefix(prefix)
+                            .failure_policy(tokio_ratelimit::redis::FailurePolicy::Closed)
                             .build()
                             .await
                             .unwrap();
@@ -711,6 +725,39 @@ async fn a_local_map_behind_the_layer() {
 #[cfg(feature = "redis")]
 #[path = "support/redis_server.rs"]
 mod redis_server;
+
+#[cfg(feature = "redis")]
+#[path = "support/redis_cluster.rs"]
+mod redis_cluster;
+
+/// Two replicas of the service share each client's limit through a Redis
+/// Cluster (three masters): the same answers again, for clients whose keys
+/// live on different masters.
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn two_replicas_share_a_limit_through_a_redis_cluster() {
+    let Some(cluster) = redis_cluster::RedisCluster::start("axum_two_replicas_on_a_cluster") else {
+        return;
+    };
+    let backend = Backend::Cluster {
+        nodes: cluster.urls(),
+        prefix: "replicas:".to_owned(),
+    };
+    let (a, b) = (
+        Server::start_on(slow_config(), &backend, &[]),
+        Server::start_on(slow_config(), &backend, &[]),
+    );
+    burst_then_refused(&[&a, &b]).await;
+    // Clients on every master: each its own limit.
+    let http = HttpClient::new(&a);
+    let mut masters = std::collections::HashSet::new();
+    for i in 0..12 {
+        let key = format!("client-{i}");
+        masters.insert(cluster.master_of_slot(cluster.slot(&format!("replicas:key:{key}"))));
+        assert_eq!(http.get("/", Some(&key)).await.status, 200, "{key}");
+    }
+    assert_eq!(masters.len(), 3, "the clients' keys span every master");
+}
 
 #[cfg(feature = "redis")]
 fn shared(
