@@ -11,10 +11,11 @@
 //! an I/O or parse error — which may come after the node ran the script.
 //! A resent decision pours twice. So the client is built with no retries
 //! ([`ClusterClientBuilder::retries`]`(0)`), and this crate resends only what
-//! provably did not run: a single call answered `MOVED` is sent once more
-//! (after the client has refreshed its slot map, which it does on every
-//! `MOVED` before it routes the next request), one answered `ASK` is sent
-//! to the named node after `ASKING`, and one answered `NOSCRIPT` goes again
+//! provably did not run: a single call answered `MOVED` is sent to the node
+//! the answer names (the client refreshes its slot map too, but may not
+//! have yet: a manual failover under load showed a second `MOVED` from the
+//! old master), one answered `ASK` to the named node after `ASKING` — at
+//! most four redirects in all — and one answered `NOSCRIPT` goes again
 //! after a `SCRIPT LOAD` on the same node. The other refusals fail the
 //! decision by the policy at once: they last until the cluster has a master
 //! for the slot again, longer than a decision's deadline.

@@ -123,8 +123,8 @@ type Look = (i64, Option<String>);
 /// `EVALSHA`; after `NOSCRIPT` (a `SCRIPT FLUSH`, a restart, a promoted
 /// replica that never loaded it) `SCRIPT LOAD` and the `EVALSHA` again, in
 /// one pipeline, so to the same node. On a cluster, a call answered `MOVED`
-/// goes once more (the client has refreshed its slot map by then), and one
-/// answered `ASK` goes to the node named, after `ASKING`. Each of these
+/// goes to the node it names, and one answered `ASK` to the node named
+/// after `ASKING` (at most four redirects in all). Each of these
 /// answers proves that the node did not run the script, so sending again
 /// cannot pour twice; anything else is the caller's (see `cluster.rs` on
 /// why the cluster client itself retries nothing).
@@ -133,20 +133,25 @@ async fn invoke<T: FromRedisValue>(
     text: &str,
     call: &ScriptInvocation<'_>,
 ) -> RedisResult<T> {
-    let (mut load, mut moved) = (false, false);
-    let mut ask: Option<String> = None;
+    /// Redirects followed at most: a failover can bounce a slot between
+    /// nodes for a moment, and each redirect proves the call did not run.
+    const REDIRECTS: usize = 4;
+    let mut load = false;
+    // The node a redirect named, and whether it was an `ASK`.
+    let mut target: Option<(String, bool)> = None;
+    let mut redirects = 0;
     loop {
         let mut pipe = ::redis::Pipeline::with_capacity(3);
-        if ask.is_some() {
+        if matches!(target, Some((_, true))) {
             pipe.cmd("ASKING").ignore();
         }
         if load {
             pipe.cmd("SCRIPT").arg("LOAD").arg(text).ignore();
         }
         pipe.invoke_script(call);
-        let reply = match &ask {
+        let reply = match &target {
             None => pipe.query_async::<(T,)>(conn).await.map(|(t,)| t),
-            Some(node) => match conn.last_reply_at(node, &pipe).await {
+            Some((node, _)) => match conn.last_reply_at(node, &pipe).await {
                 Ok(v) => ::redis::from_redis_value(v).map_err(RedisError::from),
                 Err(e) => Err(e),
             },
@@ -157,15 +162,16 @@ async fn invoke<T: FromRedisValue>(
         };
         match e.kind() {
             ErrorKind::Server(ServerErrorKind::NoScript) if !load => load = true,
-            ErrorKind::Server(ServerErrorKind::Moved) if !moved => {
-                moved = true;
-                ask = None;
-            }
-            ErrorKind::Server(ServerErrorKind::Ask) if ask.is_none() => {
+            // Sent to the node the redirect names (for `MOVED` the client
+            // also refreshes its slot map, but may not have yet).
+            ErrorKind::Server(kind @ (ServerErrorKind::Moved | ServerErrorKind::Ask))
+                if redirects < REDIRECTS =>
+            {
                 let Some((node, _slot)) = e.redirect_node() else {
                     return Err(e);
                 };
-                ask = Some(node.to_owned());
+                target = Some((node.to_owned(), kind == ServerErrorKind::Ask));
+                redirects += 1;
             }
             _ => return Err(e),
         }
