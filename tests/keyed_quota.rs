@@ -145,10 +145,16 @@ proptest! {
                     reference[key].try_pour(now, n)
                 };
                 prop_assert_eq!(map.peek_with(&key, &quota, n).answer(), expected);
-                let answer = if key == 2 {
-                    map.try_acquire_with(&key, &paid, n)
-                } else {
-                    map.try_acquire_many(&key, n)
+                let answer = match key {
+                    2 => map.try_acquire_with(&key, &paid, n),
+                    // The decision with the state it left, read with it.
+                    1 => {
+                        let report = map.try_acquire_and_peek(&key, None, n);
+                        let after: Vec<_> = report.bands().map(|b| (b.available, b.full_in)).collect();
+                        prop_assert_eq!(&after, &reference[key].bands(now), "report of key 1");
+                        report.answer()
+                    }
+                    _ => map.try_acquire_many(&key, n),
                 };
                 prop_assert_eq!(answer, expected, "key {} n {} at {:?}", key, n, now);
                 if answer.is_err() {

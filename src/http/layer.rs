@@ -67,10 +67,9 @@ struct Config<L, E> {
 /// `RateLimit` (draft-ietf-httpapi-ratelimit-headers-12; one item per band
 /// of the key's quota, see the [module docs](super)), and optionally the
 /// legacy `X-RateLimit-Limit`, `-Remaining` and `-Reset`, from the key's
-/// state after the decision: for `RedisFunnel` the one round trip's
-/// answer; for a local map a look right after it (so under concurrency
-/// `r` may already count another request's permits). `RateLimit-Policy`
-/// is built once per quota.
+/// state as the decision left it: read with the decision (for a
+/// `KeyedFunnel` the same read of the key, for `RedisFunnel` the same round
+/// trip). `RateLimit-Policy` is built once per quota.
 ///
 /// A local map decides inside `call`, and the service made ready is
 /// called at once: no future is boxed. A shared store's decision is one

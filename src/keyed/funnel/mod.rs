@@ -218,7 +218,12 @@ where
         Q: Hash + Eq + ToOwned + ?Sized,
         Q::Owned: Into<K>,
     {
-        match self.pour_key(key, tier, n) {
+        self.count(n, self.pour_key(key, tier, n))
+    }
+
+    /// What a pour of `n` came to, counted.
+    fn count(&self, n: u32, poured: Poured) -> Result<(), TryAcquireError> {
+        match poured {
             Poured::Granted => {
                 self.counters.granted(n);
                 Ok(())
@@ -269,6 +274,71 @@ where
             }
             Err(Unavailable::Failed) => unreachable!("a word can always be made"),
         }
+    }
+
+    /// As [`pour_key`](Self::pour_key), and each band's `tat` after the
+    /// decision with `now` in ns (for a key that was poured or refused on
+    /// its own limit), from the same read of the key.
+    fn pour_key_read<Q>(&self, key: &Q, tier: &Tier, n: u32) -> (Poured, Option<(PerBand, u128)>)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned + ?Sized,
+        Q::Owned: Into<K>,
+    {
+        if n > tier.capacity || n == 0 {
+            return (self.pour_key(key, tier, n), None);
+        }
+        let now_nanos = self.now_nanos();
+        let now = u128::from(now_nanos);
+        let known = with_map!(&self.words, map => map.update(key, now_nanos, |w, epoch| {
+            w.decide_and_read(tier, epoch, now_nanos, n)
+        }));
+        if let Some((result, tats)) = known {
+            return (Poured::from(result), Some((tats, now)));
+        }
+        let outcome = with_map!(&self.words, map => self.pour_read(map, key, tier, now_nanos, n));
+        match outcome {
+            Ok(((result, tats), first)) => {
+                if first {
+                    self.wake_sweeper();
+                }
+                (Poured::from(result), Some((tats, now)))
+            }
+            Err(Unavailable::Refused { retry_after }) => {
+                tracing::debug!(?retry_after, "keyed funnel full: new key refused");
+                (Poured::MapFull { retry_after }, None)
+            }
+            Err(Unavailable::Failed) => unreachable!("a word can always be made"),
+        }
+    }
+
+    /// [`pour`](Self::pour) with the bands read back.
+    #[expect(
+        clippy::type_complexity,
+        reason = "the map's answer around the decision's"
+    )]
+    fn pour_read<Q, W: Stored>(
+        &self,
+        map: &ShardMap<K, W, S>,
+        key: &Q,
+        tier: &Tier,
+        now_nanos: u64,
+        n: u32,
+    ) -> Result<((Result<(), TryAcquireError>, PerBand), bool), Unavailable>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned + ?Sized,
+        Q::Owned: Into<K>,
+    {
+        let units = &self.units;
+        map.get_or_insert(
+            key,
+            || now_nanos,
+            || Some(W::fresh(units, now_nanos)),
+            |w, epoch| w.is_drained(units, epoch, now_nanos),
+            false,
+            |w, epoch| w.decide_and_read(tier, epoch, now_nanos, n),
+        )
     }
 
     fn pour<Q, W: Stored>(
@@ -668,7 +738,8 @@ where
 
     /// Pours `n` units into `key`'s funnel if they fit now — under
     /// `quota`, one of the map's tiers, when one is given — and reports
-    /// each band's state after it: the decision is the report's
+    /// each band's state as the decision left it, read with it (one lookup
+    /// of the key): the decision is the report's
     /// [`answer`](Peek::answer) (counted as `try_acquire_many`'s), and its
     /// bands are what `RateLimit` response headers show. A quota the map
     /// was not built with is refused as `Closed` (and logged), never a
@@ -689,8 +760,13 @@ where
                 tier
             }
         };
-        let answer = self.inner.try_acquire(key, tier, n);
-        self.inner.peek(key, tier, 0).with_answer(answer)
+        let (poured, read) = self.inner.pour_key_read(key, tier, n);
+        let answer = self.inner.count(n, poured);
+        match read {
+            // The bands as this decision left them, read with it.
+            Some((tats, now_ns)) => Peek::of_bands(answer, &tier.quota, &tier.bands, &tats, now_ns),
+            None => self.inner.peek(key, tier, 0).with_answer(answer),
+        }
     }
 
     /// Keys held now (including drained ones not swept yet).

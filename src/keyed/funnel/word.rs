@@ -96,6 +96,16 @@ pub(super) trait Stored: Send + Sync + 'static {
         now_ns: u64,
         n: u32,
     ) -> Result<(), TryAcquireError>;
+    /// As [`decide`](Self::decide), and each band's `tat` after it (the
+    /// new one when granted, the one it refused on otherwise), from the same
+    /// read: what a report of the decision shows.
+    fn decide_and_read(
+        &self,
+        tier: &Tier,
+        epoch_ns: u64,
+        now_ns: u64,
+        n: u32,
+    ) -> (Result<(), TryAcquireError>, PerBand);
     /// Each band's `tat`.
     fn tats(&self, units: &Bands, epoch_ns: u64) -> PerBand;
     /// Whether every band is empty at `now_ns`.
@@ -128,6 +138,37 @@ impl<W: Word> Stored for W {
             p.scale_nanos(u128::from(now_ns)),
         );
         decide(p, self, epoch, now, n)
+    }
+
+    fn decide_and_read(
+        &self,
+        tier: &Tier,
+        epoch_ns: u64,
+        now_ns: u64,
+        n: u32,
+    ) -> (Result<(), TryAcquireError>, PerBand) {
+        let p = &tier.first;
+        let (epoch, now) = (
+            p.scale_nanos(u128::from(epoch_ns)),
+            p.scale_nanos(u128::from(now_ns)),
+        );
+        let mut tats = [0; MAX_BANDS];
+        loop {
+            let (raw, tat) = self.read(epoch);
+            match p.try_pour(tat, now, n) {
+                Ok(end) => {
+                    if self.replace(raw, end) {
+                        tats[0] = end;
+                        return (Ok(()), tats);
+                    }
+                }
+                Err(wait) => {
+                    tats[0] = tat;
+                    let retry_after = p.duration_ceil(wait);
+                    return (Err(TryAcquireError::Limited { retry_after }), tats);
+                }
+            }
+        }
     }
 
     fn tats(&self, units: &Bands, epoch_ns: u64) -> PerBand {
@@ -211,6 +252,32 @@ impl Stored for Pair {
         }
     }
 
+    fn decide_and_read(
+        &self,
+        tier: &Tier,
+        epoch_ns: u64,
+        now_ns: u64,
+        n: u32,
+    ) -> (Result<(), TryAcquireError>, PerBand) {
+        let quota = &tier.bands;
+        let epochs = quota.scaled(u128::from(epoch_ns));
+        loop {
+            let raw = self.0.load(Ordering::Acquire);
+            let mut tats = Pair::decode(raw, &epochs);
+            if let Err(retry_after) = quota.try_pour(&mut tats, u128::from(now_ns), n) {
+                return (Err(TryAcquireError::Limited { retry_after }), tats);
+            }
+            let new = Pair::encode(&tats);
+            if self
+                .0
+                .compare_exchange_weak(raw, new, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                return (Ok(()), tats);
+            }
+        }
+    }
+
     fn tats(&self, units: &Bands, epoch_ns: u64) -> PerBand {
         Pair::decode(
             self.0.load(Ordering::Acquire),
@@ -243,6 +310,21 @@ impl Stored for Locked {
         tier.bands
             .try_pour(&mut self.lock(), u128::from(now_ns), n)
             .map_err(|retry_after| TryAcquireError::Limited { retry_after })
+    }
+
+    fn decide_and_read(
+        &self,
+        tier: &Tier,
+        _: u64,
+        now_ns: u64,
+        n: u32,
+    ) -> (Result<(), TryAcquireError>, PerBand) {
+        let mut tats = self.lock();
+        let answer = tier
+            .bands
+            .try_pour(&mut tats, u128::from(now_ns), n)
+            .map_err(|retry_after| TryAcquireError::Limited { retry_after });
+        (answer, *tats)
     }
 
     fn tats(&self, _: &Bands, _: u64) -> PerBand {
