@@ -391,6 +391,7 @@ pub(super) fn decide<W: Word>(
 }
 
 /// What a pour into one key's funnel came to.
+#[derive(Debug, Clone, Copy)]
 pub(super) enum Poured {
     Granted,
     /// Refused by the key's own limit (counted as limited).
