@@ -26,6 +26,16 @@ pub(crate) struct Policy {
 
 impl Policy {
     pub(crate) fn of(band: &Band) -> Policy {
+        let (q, w) = Policy::q_w(band);
+        Policy {
+            name: format!("{q}-per-{w}s"),
+            q,
+            w,
+        }
+    }
+
+    /// The band's `q` and `w`, without its name.
+    fn q_w(band: &Band) -> (u64, u64) {
         let period = band.rate().period().as_nanos();
         let permits = u128::from(band.rate().permits());
         // τ in ns = C × period / permits; w = ⌈τ⌉ s, at least 1.
@@ -33,15 +43,10 @@ impl Policy {
         let w = tau_ns.div_ceil(permits * 1_000_000_000).max(1);
         // q = ⌊w s / I⌋ = ⌊w × 10⁹ × permits / period⌋.
         let q = w * 1_000_000_000 * permits / period;
-        let (w, q) = (
-            u64::try_from(w).unwrap_or(u64::MAX),
+        (
             u64::try_from(q).unwrap_or(u64::MAX),
-        );
-        Policy {
-            name: format!("{q}-per-{w}s"),
-            q,
-            w,
-        }
+            u64::try_from(w).unwrap_or(u64::MAX),
+        )
     }
 }
 
@@ -171,7 +176,7 @@ pub(crate) fn legacy(bands: &[BandState]) -> Option<[(&'static str, HeaderValue)
         .iter()
         .min_by_key(|b| (b.available, std::cmp::Reverse(b.next_in)))?;
     Some([
-        ("x-ratelimit-limit", Policy::of(&b.band).q.into()),
+        ("x-ratelimit-limit", Policy::q_w(&b.band).0.into()),
         ("x-ratelimit-remaining", b.available.into()),
         ("x-ratelimit-reset", seconds_up(b.next_in).into()),
     ])
