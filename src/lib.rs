@@ -188,6 +188,9 @@
 //! * `tower` — the [`tower`] middleware (`tower-service`, `tower-layer`).
 //! * `test-util` — helpers for paused-clock tests of code that uses the
 //!   limiters.
+//! * `io` — `io::RateLimitedRead` and `io::RateLimitedWrite`: bandwidth
+//!   limits for any tokio reader or writer, one permit per byte, and
+//!   `io::copy` / `io::copy_bidirectional` under a limit.
 //! * `redis` — `redis::RedisFunnel`: the funnel per key with its state in
 //!   Redis, one limit shared by many processes (server time, one atomic
 //!   script per decision, fail open or closed).
@@ -203,6 +206,9 @@ mod funnel;
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod http;
+#[cfg(feature = "io")]
+#[cfg_attr(docsrs, doc(cfg(feature = "io")))]
+pub mod io;
 pub mod keyed;
 mod leaky;
 mod limiter;

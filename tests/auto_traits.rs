@@ -10,7 +10,7 @@
 //! What is deliberately *not* asserted:
 //! * `Unpin` of the futures of `async fn`s: compiler-made futures are
 //!   `!Unpin`, which promises nothing either way; callers `pin!` them.
-//! * `Sync` of the stream adapters, of the `Limiter` trait's futures and of
+//! * `Sync` of the stream adapters and the I/O wrappers, of the `Limiter` trait's futures and of
 //!   `Keyed`'s futures (which await the trait's): they hold
 //!   `Pin<Box<dyn Future + Send>>` (the trait is async-trait), and a stream
 //!   or future is only ever polled through `&mut`.
@@ -170,6 +170,15 @@ type Weight = fn(&u32) -> u32;
 
 assert_impl!(Throttled<Items>: Send, Unpin, Debug, futures::Stream);
 assert_impl!(ThrottledBy<Items, Weight>: Send, Unpin, Debug, futures::Stream);
+
+// --- I/O wrappers (not `Sync`, as the stream adapters) ----------------------
+
+assert_impl!(tokio_ratelimit::io::RateLimitedRead<tokio::io::DuplexStream, TokenBucket>:
+    Send, Unpin, Debug, tokio::io::AsyncRead, tokio::io::AsyncBufRead, tokio::io::AsyncWrite);
+assert_impl!(tokio_ratelimit::io::RateLimitedWrite<tokio::io::DuplexStream, Arc<dyn Limiter>>:
+    Send, Unpin, Debug, tokio::io::AsyncRead, tokio::io::AsyncWrite);
+assert_value!(|r: &mut tokio::io::DuplexStream|
+    tokio_ratelimit::io::copy(r, &mut tokio::io::sink(), Funnel::builder().build().unwrap()) => Send);
 
 // --- test_util ---------------------------------------------------------------
 
