@@ -101,15 +101,26 @@ pub struct Header {
 }
 
 impl Header {
-    /// The value of header `name` (e.g. `"x-api-key"`).
+    /// The value of header `name` (e.g. `"x-api-key"`), for a name written
+    /// in the code; [`try_new`](Self::try_new) for one from configuration.
     ///
     /// # Panics
     ///
-    /// When `name` is not a valid header name.
+    /// When `name` is not a valid header name (as `HeaderName::from_static`
+    /// does).
     pub fn new(name: &str) -> Header {
-        Header {
-            name: HeaderName::from_str(name).expect("a valid header name"),
-        }
+        Header::try_new(name).expect("a valid header name")
+    }
+
+    /// The value of header `name`.
+    ///
+    /// # Errors
+    ///
+    /// When `name` is not a valid header name.
+    pub fn try_new(name: &str) -> Result<Header, http::header::InvalidHeaderName> {
+        Ok(Header {
+            name: HeaderName::from_str(name)?,
+        })
     }
 }
 
@@ -529,6 +540,13 @@ mod tests {
             HeaderValue::from_bytes(b"\xff\xfe").unwrap(),
         );
         assert_eq!(extractor.client(ip("10.0.0.2"), &h), ip("10.0.0.2"));
+    }
+
+    #[test]
+    fn a_header_name_from_configuration_is_checked() {
+        assert!(Header::try_new("x-api-key").is_ok());
+        assert!(Header::try_new("not a header").is_err());
+        assert!(Header::try_new("").is_err());
     }
 
     #[test]
