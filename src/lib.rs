@@ -131,8 +131,13 @@
 //!   for every clone of the service, and no permit lost to a service dropped
 //!   before `call`; `KeyedRateLimitLayer` limits per key (client, address)
 //!   and refuses at once with `RateLimited { key, retry_after }`.
-//!   `examples/axum_service.rs` is an HTTP service built on both, with
-//!   `429`, `Retry-After` and `RateLimit-*` headers.
+//! * [`http`] (feature `http`): `HttpRateLimitLayer` limits an HTTP
+//!   service per client — who the client is (an API key, the address
+//!   behind trusted proxies, IPv6 by /64), `429` or `503` with
+//!   `Retry-After`, and the IETF draft's `RateLimit-Policy` / `RateLimit`
+//!   fields, one item per band — on a local map or on Redis.
+//!   `examples/axum_service.rs` is an HTTP service built on it, with free
+//!   and paid tiers.
 //! * [`stream`]: `stream.rate_limited(limiter)` and
 //!   `stream.rate_limited_by(limiter, |item| weight)` pace any `Stream`.
 //!
@@ -193,7 +198,10 @@
 //!   `io::copy` / `io::copy_bidirectional` under a limit.
 //! * `redis` — `redis::RedisFunnel`: the funnel per key with its state in
 //!   Redis, one limit shared by many processes (server time, one atomic
-//!   script per decision, fail open or closed).
+//!   script per decision over every band, fail open or closed, a refusal
+//!   cache), on one server or a Redis Cluster.
+//! * `http` — `http::HttpRateLimitLayer` and the key extractors (implies
+//!   `tower`); `axum` — the peer address from axum's `ConnectInfo` too.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
