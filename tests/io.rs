@@ -121,8 +121,10 @@ async fn one_mib_is_read_at_64_kib_per_second_exactly() {
     let mut out = Vec::new();
     assert_eq!(reader.read_to_end(&mut out).await.unwrap(), MIB as usize);
     assert_eq!(start.elapsed(), ms(15_750));
-    // Charged exactly the bytes read: the end of file cost nothing.
+    // Charged exactly the bytes read: the end of file cost nothing; and
+    // never asked for more than fits (no refusal to learn from).
     assert_eq!(limiter.stats().granted, u64::from(MIB));
+    assert_eq!(limiter.stats().refused, 0);
 }
 
 #[tokio::test(start_paused = true)]
@@ -133,6 +135,7 @@ async fn one_mib_is_written_at_64_kib_per_second_exactly() {
     writer.write_all(&vec![7; MIB as usize]).await.unwrap();
     assert_eq!(start.elapsed(), ms(15_750));
     assert_eq!(limiter.stats().granted, u64::from(MIB));
+    assert_eq!(limiter.stats().refused, 0);
     assert_eq!(writer.credit(), 0);
 }
 
