@@ -89,13 +89,16 @@ pub(super) trait Stored: Send + Sync + 'static {
     /// Pours `n` units into every band of `tier` at `now_ns` if all have
     /// room, else changes nothing; in a shard whose epoch is `epoch_ns`.
     /// The caller has checked `1 <= n <= tier.capacity`.
+    #[inline]
     fn decide(
         &self,
         tier: &Tier,
         epoch_ns: u64,
         now_ns: u64,
         n: u32,
-    ) -> Result<(), TryAcquireError>;
+    ) -> Result<(), TryAcquireError> {
+        self.decide_and_read(tier, epoch_ns, now_ns, n).0
+    }
     /// As [`decide`](Self::decide), and each band's `tat` after it (the
     /// new one when granted, the one it refused on otherwise), from the same
     /// read: what a report of the decision shows.
@@ -152,23 +155,10 @@ impl<W: Word> Stored for W {
             p.scale_nanos(u128::from(epoch_ns)),
             p.scale_nanos(u128::from(now_ns)),
         );
+        let (answer, tat) = pour(p, self, epoch, now, n);
         let mut tats = [0; MAX_BANDS];
-        loop {
-            let (raw, tat) = self.read(epoch);
-            match p.try_pour(tat, now, n) {
-                Ok(end) => {
-                    if self.replace(raw, end) {
-                        tats[0] = end;
-                        return (Ok(()), tats);
-                    }
-                }
-                Err(wait) => {
-                    tats[0] = tat;
-                    let retry_after = p.duration_ceil(wait);
-                    return (Err(TryAcquireError::Limited { retry_after }), tats);
-                }
-            }
-        }
+        tats[0] = tat;
+        (answer, tats)
     }
 
     fn tats(&self, units: &Bands, epoch_ns: u64) -> PerBand {
@@ -223,35 +213,6 @@ impl Stored for Pair {
         )))
     }
 
-    #[inline]
-    fn decide(
-        &self,
-        tier: &Tier,
-        epoch_ns: u64,
-        now_ns: u64,
-        n: u32,
-    ) -> Result<(), TryAcquireError> {
-        let quota = &tier.bands;
-        // A quota of one band leaves band 1 alone: decoded against any
-        // epoch, its half encodes back to the same 64 bits.
-        let epochs = quota.scaled(u128::from(epoch_ns));
-        loop {
-            let raw = self.0.load(Ordering::Acquire);
-            let mut tats = Pair::decode(raw, &epochs);
-            quota
-                .try_pour(&mut tats, u128::from(now_ns), n)
-                .map_err(|retry_after| TryAcquireError::Limited { retry_after })?;
-            let new = Pair::encode(&tats);
-            if self
-                .0
-                .compare_exchange_weak(raw, new, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-            {
-                return Ok(());
-            }
-        }
-    }
-
     fn decide_and_read(
         &self,
         tier: &Tier,
@@ -260,6 +221,8 @@ impl Stored for Pair {
         n: u32,
     ) -> (Result<(), TryAcquireError>, PerBand) {
         let quota = &tier.bands;
+        // A quota of one band leaves band 1 alone: decoded against any
+        // epoch, its half encodes back to the same 64 bits.
         let epochs = quota.scaled(u128::from(epoch_ns));
         loop {
             let raw = self.0.load(Ordering::Acquire);
@@ -304,12 +267,6 @@ impl Stored for Locked {
 
     fn fresh(units: &Bands, now_ns: u64) -> Self {
         Locked(Mutex::new(units.scaled(u128::from(now_ns))))
-    }
-
-    fn decide(&self, tier: &Tier, _: u64, now_ns: u64, n: u32) -> Result<(), TryAcquireError> {
-        tier.bands
-            .try_pour(&mut self.lock(), u128::from(now_ns), n)
-            .map_err(|retry_after| TryAcquireError::Limited { retry_after })
     }
 
     fn decide_and_read(
@@ -373,18 +330,30 @@ pub(super) fn decide<W: Word>(
     now: u128,
     n: u32,
 ) -> Result<(), TryAcquireError> {
+    pour(params, w, epoch, now, n).0
+}
+
+/// [`decide`], and the word's `tat` after it (the new one when granted,
+/// the one it refused on otherwise).
+#[inline]
+fn pour<W: Word>(
+    params: &Params,
+    w: &W,
+    epoch: u128,
+    now: u128,
+    n: u32,
+) -> (Result<(), TryAcquireError>, u128) {
     loop {
         let (raw, tat) = w.read(epoch);
         match params.try_pour(tat, now, n) {
             Ok(end) => {
                 if w.replace(raw, end) {
-                    return Ok(());
+                    return (Ok(()), end);
                 }
             }
             Err(wait) => {
-                return Err(TryAcquireError::Limited {
-                    retry_after: params.duration_ceil(wait),
-                });
+                let retry_after = params.duration_ceil(wait);
+                return (Err(TryAcquireError::Limited { retry_after }), tat);
             }
         }
     }
