@@ -299,3 +299,25 @@ async fn a_decision_reports_its_bands_in_the_same_round_trip() {
         assert!(after.full_in.checked_sub(looked.full_in).unwrap() < Duration::from_millis(50));
     }
 }
+
+#[tokio::test]
+async fn a_refusal_cache_too_large_to_allocate_is_refused_at_build() {
+    // No server needed: the size is checked before connecting.
+    let built = RedisFunnel::builder("redis://127.0.0.1:1/")
+        .rate(Rate::per_second(1))
+        .refusal_cache(usize::MAX)
+        .build()
+        .await;
+    assert!(
+        matches!(
+            built,
+            Err(tokio_ratelimit::redis::RedisBuildError::Config(
+                tokio_ratelimit::ConfigError::InvalidParameter {
+                    name: "refusal_cache",
+                    ..
+                }
+            ))
+        ),
+        "{built:?}"
+    );
+}

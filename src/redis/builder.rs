@@ -89,6 +89,9 @@ enum Target {
 /// clients hammer at once, about 150 KB.
 const REFUSAL_CACHE: usize = 1024;
 
+/// The refusal cache's largest size: its slots are allocated at build.
+const MAX_REFUSAL_CACHE: usize = 1 << 24;
+
 impl RedisFunnelBuilder {
     /// The defaults, connecting to `client`.
     pub(super) fn new(client: RedisResult<Client>) -> RedisFunnelBuilder {
@@ -204,6 +207,7 @@ impl RedisFunnelBuilder {
     /// hand, a failover that lost writes). One slot per key hash, so a
     /// flood of distinct keys overwrites slots instead of growing the cache.
     /// Counted in [`RedisStats::cached_refusals`](super::RedisStats::cached_refusals).
+    /// More than 2²⁴ slots is refused at build (they are allocated then).
     pub fn refusal_cache(&mut self, slots: usize) -> &mut Self {
         self.refusal_cache = slots;
         self
@@ -242,6 +246,13 @@ impl RedisFunnelBuilder {
                 }
                 .into());
             }
+        }
+        if self.refusal_cache > MAX_REFUSAL_CACHE {
+            return Err(ConfigError::InvalidParameter {
+                name: "refusal_cache",
+                reason: "at most 2^24 slots (each is allocated at build)",
+            }
+            .into());
         }
         // Our own deadline (per decision) fires first; the clients' only
         // clears requests a stalled server never answers.
