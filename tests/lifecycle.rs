@@ -672,19 +672,26 @@ fn close_fails_waiters_at_once() {
     check("keyed", move || keyed.get("k"), TokenBucket::close, BUCKET);
 }
 
-/// A waiter already waiting in runtime B when the actor's runtime A goes
-/// away is woken by the actor's end, and served at once (its turn has
-/// passed). Deterministic: A is never driven after the limiter is built, so
-/// its actor never runs (not even once) and the waiter cannot have been
+/// A waiter in runtime B, queued behind one from runtime A whose poll
+/// started the actor there, is woken when A goes away, and served at once
+/// (its turn has passed). Deterministic: A is never driven after that poll,
+/// so its actor never runs (not even once) and B's waiter cannot have been
 /// served by it.
 fn waiting_when_the_actors_runtime_goes<L: Limiter + Clone + 'static>(name: &str, make: fn() -> L) {
     let name = name.to_owned();
     watched(&name.clone(), move || {
         let rt_a = paused_runtime();
-        let limiter = rt_a.block_on(async { make() });
+        let (limiter, mut first) = rt_a.block_on(async {
+            let limiter = make();
+            while limiter.try_acquire().is_ok() {}
+            let l = limiter.clone();
+            let mut first = tokio_test::task::spawn(async move { l.acquire().await });
+            // Queued; the actor it spawned on A has not run.
+            tokio_test::assert_pending!(first.poll());
+            (limiter, first)
+        });
         paused_runtime().block_on(async move {
             let start = Instant::now();
-            while limiter.try_acquire().is_ok() {}
             let l = limiter.clone();
             let waiter = spawn_timed(start, async move { l.acquire().await }).await;
             time::advance(ms(2_000)).await;
@@ -698,6 +705,8 @@ fn waiting_when_the_actors_runtime_goes<L: Limiter + Clone + 'static>(name: &str
             let (result, at) = finish(waiter, start + DEADLINE).await;
             assert_eq!(result, Ok(()), "{name}");
             assert_eq!(at, ms(2_000), "{name}");
+            assert!(first.is_woken(), "{name}: A's waiter was not woken");
+            tokio_test::assert_ready_eq!(first.poll(), Ok(()));
         });
     });
 }

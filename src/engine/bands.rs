@@ -172,8 +172,8 @@ impl Schedule for Banded {
 }
 
 impl Engine<Banded> {
-    /// Builds a bucket of several bands; with `spawn_actor`, its actor runs
-    /// on the current runtime.
+    /// Builds a bucket of several bands; with `spawn_actor`, one whose
+    /// waiters an actor wakes (built inside a runtime).
     pub(crate) fn start_bands(
         kind: Kind,
         quota: Quota,
@@ -182,11 +182,7 @@ impl Engine<Banded> {
         spawn_actor: bool,
     ) -> Result<Arc<Engine<Banded>>, ConfigError> {
         let bands = Bands::new(&quota.params()?);
-        let runtime = if spawn_actor {
-            Some(tokio::runtime::Handle::try_current().map_err(|_| ConfigError::NoRuntime)?)
-        } else {
-            None
-        };
+        let waking = Engine::<Banded>::waking(spawn_actor)?;
         let origin = clock::Origin::now();
         let banded = Banded {
             bands,
@@ -198,7 +194,7 @@ impl Engine<Banded> {
             published: Published::new(&bands.start(0, deficit)),
         };
         let tats = bands.start(0, deficit);
-        Ok(Engine::new(kind, banded, tats, runtime))
+        Ok(Engine::new(kind, banded, tats, waking))
     }
 
     pub(crate) fn quota(&self) -> Quota {

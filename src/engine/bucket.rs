@@ -188,16 +188,12 @@ impl Schedule for Bucket {
 }
 
 impl Engine<Bucket> {
-    /// Builds a bucket and, if asked, spawns its actor on the current
-    /// runtime.
+    /// Builds a bucket; with `spawn_actor`, one whose waiters an actor
+    /// wakes (built inside a runtime).
     pub(crate) fn start(setup: &Setup) -> Result<Arc<Engine<Bucket>>, ConfigError> {
-        let runtime = if setup.spawn_actor {
-            Some(tokio::runtime::Handle::try_current().map_err(|_| ConfigError::NoRuntime)?)
-        } else {
-            None
-        };
+        let waking = Engine::<Bucket>::waking(setup.spawn_actor)?;
         let bucket = Bucket::new(setup.params, setup.deficit, setup.release);
-        Ok(Engine::new(setup.kind, bucket, setup.rate, runtime))
+        Ok(Engine::new(setup.kind, bucket, setup.rate, waking))
     }
 
     pub(crate) fn rate(&self) -> Rate {

@@ -58,7 +58,6 @@ pub(crate) use crate::algorithm::Reserve;
 use crate::reservation::{Hold, Reservation};
 use crate::stats::{Counters, Stats};
 use crate::{AcquireError, TryAcquireError, clock};
-use actor::Actor;
 pub(crate) use bands::Banded;
 pub(crate) use bucket::{Bucket, Setup};
 pub(crate) use buckets::BucketEngine;
@@ -157,10 +156,11 @@ pub(crate) trait Schedule: Sized + Send + Sync + 'static {
 }
 
 /// How the waiters of an engine learn that their turn came.
-pub(crate) enum Waking<S: Schedule> {
-    /// A background actor keeps one timer for the whole queue (and each
-    /// waiter keeps its own should the actor panic).
-    Actor(Arc<Actor<S>>),
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Waking {
+    /// A background actor keeps one timer for the whole queue while someone
+    /// waits (and each waiter keeps its own should the actor panic).
+    Actor,
     /// Each waiter keeps its own timer: nothing is spawned.
     OwnTimers,
 }
@@ -170,33 +170,33 @@ pub(crate) struct Engine<S: Schedule> {
     schedule: S,
     queue: Mutex<Queue<S>>,
     kind: Kind,
-    waking: Waking<S>,
+    waking: Waking,
     counters: Counters,
 }
 
 impl<S: Schedule> Engine<S> {
-    /// Builds the engine; given a runtime, spawns its actor there (else
-    /// its waiters keep their own timers).
-    pub(crate) fn new(
-        kind: Kind,
-        schedule: S,
-        books: S::Books,
-        runtime: Option<tokio::runtime::Handle>,
-    ) -> Arc<Engine<S>> {
-        let engine = Arc::new_cyclic(|this| Engine {
+    /// Builds the engine. Nothing is spawned: an actor, if `waking` says
+    /// so, is started by the first waiter (see `actor.rs`).
+    pub(crate) fn new(kind: Kind, schedule: S, books: S::Books, waking: Waking) -> Arc<Engine<S>> {
+        Arc::new(Engine {
             schedule,
             queue: Mutex::new(Queue::new(books)),
             kind,
-            waking: match runtime {
-                Some(_) => Waking::Actor(Arc::new(Actor::new(this.clone()))),
-                None => Waking::OwnTimers,
-            },
+            waking,
             counters: Counters::default(),
-        });
-        if let (Some(runtime), Waking::Actor(actor)) = (runtime, &engine.waking) {
-            engine.spawn_actor(actor, &runtime);
+        })
+    }
+
+    /// The waking of an engine that asks for an actor: its builder must be
+    /// inside a runtime (the documented contract, though the actor starts
+    /// only with the first waiter, on that waiter's runtime).
+    pub(crate) fn waking(actor: bool) -> Result<Waking, crate::ConfigError> {
+        if !actor {
+            return Ok(Waking::OwnTimers);
         }
-        engine
+        tokio::runtime::Handle::try_current()
+            .map(|_| Waking::Actor)
+            .map_err(|_| crate::ConfigError::NoRuntime)
     }
 
     pub(crate) fn kind(&self) -> Kind {
@@ -298,7 +298,7 @@ impl<S: Schedule> Engine<S> {
     /// Waits for `n` permits, in turn; `max_wait` bounds the wait (`None`:
     /// no bound). Fails at once when the turn would come too late.
     pub(crate) async fn acquire(
-        &self,
+        self: &Arc<Self>,
         n: u32,
         max_wait: Option<Duration>,
     ) -> Result<(), AcquireError> {
@@ -321,7 +321,7 @@ impl<S: Schedule> Engine<S> {
     }
 
     async fn wait(
-        &self,
+        self: &Arc<Self>,
         id: u64,
         max_wait: Option<Duration>,
         grant: Grant,
@@ -375,11 +375,14 @@ impl<S: Schedule> Engine<S> {
                     self.schedule.follow(&mut turn, ahead);
                 }
                 let (id, first) = queue.push(n, turn, grant);
-                drop(queue);
-                tracing::trace!(limiter = self.kind.name(), n, id, "queued");
+                let mut wakers = Vec::new();
                 if first {
-                    self.wake_actor();
+                    // Its timer must be re-armed for the new head.
+                    queue.wake_actor(&mut wakers);
                 }
+                drop(queue);
+                wake_all(wakers);
+                tracing::trace!(limiter = self.kind.name(), n, id, "queued");
                 Ok(Queued::Waiting(id))
             }
             Reserve::Ready(turn) if grant == Grant::Hold => {
@@ -444,17 +447,19 @@ impl<S: Schedule> Engine<S> {
             // Everyone behind moved forward: some may be due now, and the
             // timer (the actor's, or each waiter's own) must be re-armed.
             queue.grant_due(&self.schedule, &view, &mut wakers, None);
-            if !self.actor_running() {
+            if queue.actor_running() {
+                queue.wake_actor(&mut wakers);
+            } else {
                 queue.wake_pending(behind, &mut wakers);
             }
         }
         wake_all(wakers);
-        self.wake_actor();
     }
 
     /// Fails every waiter and every later call with `Closed`.
     pub(crate) fn close(&self) {
         let mut wakers = Vec::new();
+        let waiters;
         {
             let mut queue = self.lock();
             if queue.closed {
@@ -462,10 +467,11 @@ impl<S: Schedule> Engine<S> {
             }
             self.schedule.close();
             queue.close(&mut wakers);
+            waiters = wakers.len();
+            queue.wake_actor(&mut wakers);
         }
-        tracing::debug!(limiter = self.kind.name(), waiters = wakers.len(), "closed");
+        tracing::debug!(limiter = self.kind.name(), waiters, "closed");
         wake_all(wakers);
-        self.wake_actor();
     }
 
     /// Runs `change` on the schedule under the lock; if it says the turns
@@ -478,22 +484,16 @@ impl<S: Schedule> Engine<S> {
             if moved {
                 let view = self.schedule.view(&queue.books);
                 queue.grant_due(&self.schedule, &view, &mut wakers, None);
-                if !self.actor_running() {
+                if queue.actor_running() {
+                    queue.wake_actor(&mut wakers);
+                } else {
                     queue.wake_pending(0, &mut wakers);
                 }
             }
             result
         };
         wake_all(wakers);
-        self.wake_actor();
         result
-    }
-}
-
-impl<S: Schedule> Drop for Engine<S> {
-    fn drop(&mut self) {
-        // The actor holds only a `Weak`; this wakes it to find it gone.
-        self.wake_actor();
     }
 }
 

@@ -23,6 +23,7 @@ use std::collections::VecDeque;
 use std::task::Waker;
 
 use super::Schedule;
+use super::actor::ActorSlot;
 
 /// What a request does with its permits once its turn comes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,6 +65,12 @@ pub(crate) struct Queue<S: Schedule> {
     pub(crate) closed: bool,
     /// The part of the schedule kept under the lock.
     pub(crate) books: S::Books,
+    /// The background actor, if the engine has one (see `actor.rs`).
+    pub(super) actor: ActorSlot,
+    /// Actor tasks spawned so far (each task's number).
+    pub(super) runs: u32,
+    /// The last task whose future was dropped before it ended.
+    pub(super) dropped: Option<u32>,
 }
 
 impl<S: Schedule> Queue<S> {
@@ -73,6 +80,9 @@ impl<S: Schedule> Queue<S> {
             next_id: 0,
             closed: false,
             books,
+            actor: ActorSlot::Idle,
+            runs: 0,
+            dropped: None,
         }
     }
 
@@ -127,6 +137,11 @@ impl<S: Schedule> Queue<S> {
             .iter()
             .filter(|e| e.state == State::Pending)
             .count()
+    }
+
+    /// Whether an entry has not proceeded yet.
+    pub(crate) fn has_pending(&self) -> bool {
+        self.first_pending().is_some()
     }
 
     fn find(&self, id: u64) -> Option<usize> {

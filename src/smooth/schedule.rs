@@ -20,7 +20,7 @@ use tokio::time::Instant;
 
 use crate::algorithm::{Reserve, SmoothState, Span, Undo};
 use crate::cell::{CREDIT_GRACE, CREDIT_REACH};
-use crate::engine::{Engine, Kind, Schedule};
+use crate::engine::{Engine, Kind, Schedule, Waking};
 use crate::{ConfigError, clock};
 
 /// The lock-free part of a smooth limiter.
@@ -309,7 +309,7 @@ impl Engine<Smooth> {
             versions: 0,
             credit_until: Duration::ZERO,
         };
-        Engine::new(kind, smooth, books, None)
+        Engine::new(kind, smooth, books, Waking::OwnTimers)
     }
 
     /// The stable rate, in permits per second.
