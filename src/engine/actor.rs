@@ -53,34 +53,49 @@ pub(super) enum Watch {
 impl<S: Schedule> Queue<S> {
     /// Who wakes a pending waiter, claiming the idle slot for a new task.
     pub(super) fn watch(&mut self, waking: Waking) -> Watch {
-        if waking == Waking::OwnTimers {
+        let Some(w) = self.waiting().filter(|_| waking == Waking::Actor) else {
             return Watch::OwnTimer;
-        }
-        match self.actor {
+        };
+        match w.actor {
             ActorSlot::Running { .. } => Watch::Actor,
             ActorSlot::Failed => Watch::OwnTimer,
             ActorSlot::Idle => {
-                self.runs = self.runs.wrapping_add(1);
-                self.actor = ActorSlot::Running {
-                    run: self.runs,
+                w.runs = w.runs.wrapping_add(1);
+                w.actor = ActorSlot::Running {
+                    run: w.runs,
                     waker: None,
                 };
-                Watch::Spawn(self.runs)
+                Watch::Spawn(w.runs)
             }
         }
     }
 
     /// Whether a task keeps the timer for the whole queue (else waiters
     /// must be woken to re-arm their own, or to spawn one).
-    pub(super) fn actor_running(&self) -> bool {
-        matches!(self.actor, ActorSlot::Running { .. })
+    pub(super) fn actor_running(&mut self) -> bool {
+        self.waiting()
+            .is_some_and(|w| matches!(w.actor, ActorSlot::Running { .. }))
     }
 
     /// Collects the actor's waker: the queue changed.
     pub(super) fn wake_actor(&mut self, wakers: &mut Vec<Waker>) {
-        if let ActorSlot::Running { waker, .. } = &mut self.actor {
+        if let Some(ActorSlot::Running { waker, .. }) = self.waiting().map(|w| &mut w.actor) {
             wakers.extend(waker.take());
         }
+    }
+
+    /// Gives task `run`'s slot back (`Failed`: it panicked); returns whether
+    /// it was still that task's.
+    fn end_run(&mut self, run: u32, then: ActorSlot) -> bool {
+        let Some(w) = self.waiting() else {
+            return false;
+        };
+        let ours = matches!(w.actor, ActorSlot::Running { run: r, .. } if r == run);
+        if ours {
+            w.actor = then;
+        }
+        self.tidy();
+        ours
     }
 }
 
@@ -106,7 +121,12 @@ impl<S: Schedule> Engine<S> {
             stopped: false,
         };
         drop(runtime.spawn(run_actor(link).instrument(span)));
-        if self.lock().dropped == Some(run) {
+        // The caller's entry keeps the waiting part alive.
+        if self
+            .lock()
+            .waiting()
+            .is_some_and(|w| w.dropped == Some(run))
+        {
             return Err(AcquireError::NoRuntime);
         }
         Ok(())
@@ -120,14 +140,15 @@ impl<S: Schedule> Engine<S> {
         let mut wakers = Vec::new();
         {
             let mut queue = self.lock();
-            queue.dropped = Some(run);
-            if matches!(queue.actor, ActorSlot::Running { run: r, .. } if r == run) {
-                queue.actor = if panicked {
-                    ActorSlot::Failed
-                } else {
-                    ActorSlot::Idle
-                };
+            if let Some(w) = queue.waiting() {
+                w.dropped = Some(run);
             }
+            let then = if panicked {
+                ActorSlot::Failed
+            } else {
+                ActorSlot::Idle
+            };
+            queue.end_run(run, then);
             queue.wake_pending(0, &mut wakers);
         }
         wake_all(wakers);
@@ -149,12 +170,12 @@ impl<S: Schedule> Engine<S> {
             if queue.closed || !queue.has_pending() {
                 // Under the lock: a waiter queued from now on finds the
                 // slot idle and spawns a new task.
-                if matches!(queue.actor, ActorSlot::Running { run: r, .. } if r == run) {
-                    queue.actor = ActorSlot::Idle;
-                }
+                queue.end_run(run, ActorSlot::Idle);
                 Drive::Stop
             } else {
-                if let ActorSlot::Running { waker: slot, .. } = &mut queue.actor {
+                if let Some(ActorSlot::Running { waker: slot, .. }) =
+                    queue.waiting().map(|w| &mut w.actor)
+                {
                     if !slot.as_ref().is_some_and(|w| w.will_wake(waker)) {
                         *slot = Some(waker.clone());
                     }

@@ -20,6 +20,10 @@ use crate::algorithm::{Bands, PerBand, Placed, Release};
 use crate::{ConfigError, Peek, Quota, clock};
 
 /// The schedule over several bands.
+///
+/// Aligned to a cache line, so the engine's first counter stripe, which
+/// follows it, never shares a line its refusals read (see [`Engine`]).
+#[repr(align(64))]
 pub(crate) struct Banded {
     bands: Bands,
     quota: Quota,

@@ -121,7 +121,7 @@ impl<S: Schedule> Engine<S> {
         match outcome {
             Ok((State::Granted, n)) => {
                 if grant == Grant::Spend {
-                    self.counters.granted(n);
+                    self.counts().granted(n);
                 }
                 tracing::trace!(limiter = self.kind.name(), id, "granted after waiting");
                 Ok(Ok(()))

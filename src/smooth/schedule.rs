@@ -24,7 +24,12 @@ use crate::engine::{Engine, Kind, Schedule, Waking};
 use crate::{ConfigError, clock};
 
 /// The lock-free part of a smooth limiter.
-pub(super) struct Smooth {
+///
+/// Aligned to a cache line, so the engine's first counter stripe, which
+/// follows it, never shares the line its fast checks read (see
+/// `engine::Engine`).
+#[repr(align(64))]
+pub(crate) struct Smooth {
     /// Time zero of the state machine.
     origin: clock::Origin,
     /// Set under the lock; read without it on the fast checks.
@@ -37,7 +42,7 @@ pub(super) struct Smooth {
 }
 
 /// The state machine and its versions, under the engine's lock.
-pub(super) struct Books {
+pub(crate) struct Books {
     state: SmoothState,
     /// The version of `state`: the number of the change that produced it.
     version: u64,
@@ -49,7 +54,7 @@ pub(super) struct Books {
 }
 
 /// Where an entry lies, and what it takes to withdraw it.
-pub(super) struct Turn {
+pub(crate) struct Turn {
     /// Its place on the time line (moved back when an earlier entry is
     /// given back).
     span: Span,
