@@ -69,17 +69,18 @@ pub(crate) struct Stripe {
 pub(crate) fn pick<'a>(first: &'a Stripe, second: &'a Stripe) -> &'a Stripe {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     thread_local! {
-        static STRIPE: Cell<usize> = const { Cell::new(usize::MAX) };
+        /// 0: not chosen yet; 1: the first stripe; 2: the second.
+        static STRIPE: Cell<u8> = const { Cell::new(0) };
     }
-    let index = STRIPE.with(|stripe| match stripe.get() {
-        usize::MAX => {
-            let chosen = NEXT.fetch_add(1, Ordering::Relaxed) % 2;
-            stripe.set(chosen);
-            chosen
+    match STRIPE.with(Cell::get) {
+        1 => first,
+        2 => second,
+        _ => {
+            let second_stripe = NEXT.fetch_add(1, Ordering::Relaxed) % 2 == 1;
+            STRIPE.with(|stripe| stripe.set(if second_stripe { 2 } else { 1 }));
+            if second_stripe { second } else { first }
         }
-        chosen => chosen,
-    });
-    if index == 0 { first } else { second }
+    }
 }
 
 /// The totals of two stripes: (granted permits, refused requests).
