@@ -202,7 +202,7 @@ pub(crate) fn resources(rt: &Runtime, set: &Settings) {
 
 /// A bucket's actor is a task only while someone waits: what starting it
 /// costs. The first waiter at an idle bucket (rate 1 000/s, capacity 1,
-/// emptied, then one `acquire`, then 5 ms idle; 200 times): how late it is
+/// emptied, then one `acquire`, then 5 ms idle; 1 000 times): how late it is
 /// served against its due time. A burst of 10 000 waiters arriving at once
 /// at an emptied bucket of 100 000/s: when the last is served against the
 /// ideal 100 ms, and the CPU it took.
@@ -220,7 +220,7 @@ fn actor_start(rt: &Runtime) {
     });
     let mut late: Vec<Duration> = rt.block_on(async {
         let mut late = Vec::new();
-        for _ in 0..200 {
+        for _ in 0..1_000 {
             while bucket.try_acquire().is_ok() {}
             let due = match bucket.try_acquire() {
                 Err(e) => e.retry_after().unwrap_or_default(),
