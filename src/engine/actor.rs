@@ -140,7 +140,9 @@ impl<S: Schedule> Engine<S> {
         let mut wakers = Vec::new();
         {
             let mut queue = self.lock();
-            if let Some(w) = queue.waiting() {
+            // A panic is not a missing runtime: its spawner's waiter keeps
+            // its own timer.
+            if let Some(w) = queue.waiting().filter(|_| !panicked) {
                 w.dropped = Some(run);
             }
             let then = if panicked {
