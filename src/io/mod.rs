@@ -23,7 +23,19 @@
 //! No refill period: a read or write waits exactly as long as its bytes
 //! need (to the timer's 1 ms tick), and the long-run rate is the limiter's,
 //! exactly, since the limiter credits a wait that oversleeps its tick to
-//! the next one.
+//! the next one: moving `n` bytes through a bucket that starts full takes
+//! `(n - capacity) / rate`, rounded up to the next tick, however long the
+//! transfer (checked from 1 KiB/s to 10 GiB/s).
+//!
+//! # Faster than 10⁹ bytes a second
+//!
+//! A [`Rate`](crate::Rate) is at most one permit per nanosecond, 10⁹ a
+//! second: at one permit per byte, 0.93 GiB/s. For a faster link, count in
+//! larger permits: `bytes_per_permit(1024)` on either wrapper makes each
+//! permit a kibibyte (up to 931 TiB/s), and the limiter's rate and
+//! capacity are then in kibibytes. The bytes are still charged exactly: a
+//! payment is rounded up to whole permits, and what it paid for beyond the
+//! bytes moved is **credit** that the next read or write spends first.
 //!
 //! # Chunks
 //!
@@ -50,7 +62,11 @@
 //! * A write pays for one chunk before it writes (bytes handed to a writer
 //!   are gone); a short write keeps the rest as credit for the next write,
 //!   so a writer that takes 100 bytes at a time is charged 100 bytes at a
-//!   time. Credit is less than one chunk, and it is lost with the wrapper.
+//!   time. Credit is less than one chunk (plus one permit's bytes), and it
+//!   is lost with the wrapper.
+//! * So, at any moment, the bytes handed out (read) or to the writer
+//!   underneath (written) are at most the permits granted times the bytes
+//!   per permit, and at least that less the credit.
 //! * A zero-length read or write costs nothing.
 //! * Backpressure is `Poll::Pending`: a wrapper waiting for permits is
 //!   woken by the limiter when they come, never polled in a loop.
