@@ -52,7 +52,10 @@
 //! while one payment per 16 KiB is cheap next to moving them. A chunk is
 //! also the grain of the output: at 64 KiB/s, bytes come in pieces of up
 //! to 16 KiB every 250 ms. For a smoother flow at low rates, choose a
-//! smaller `max_chunk` (or a smaller capacity).
+//! smaller `max_chunk` (or a smaller capacity). The other way round, each
+//! chunk that has to wait costs a timer wake (tens of microseconds of CPU
+//! on a small VM): a transfer of many megabytes a second that need not be
+//! smooth to the millisecond spends less CPU with a larger `max_chunk`.
 //!
 //! # Accounting
 //!
@@ -80,6 +83,38 @@
 //! a limiter that cannot grant even one byte (capacity zero) is
 //! [`InvalidInput`](io::ErrorKind::InvalidInput). Errors of the reader or
 //! writer underneath pass through as they are.
+//!
+//! # Streams of bytes
+//!
+//! A stream of byte chunks (`Vec<u8>`, `Bytes`, anything with a length)
+//! needs no type of its own:
+//! [`rate_limited_by`](crate::stream::RateLimitStreamExt::rate_limited_by)
+//! pays for each chunk by its length, after pulling it and before yielding
+//! it, in the limiter's FIFO queue:
+//!
+//! ```
+//! use std::time::Duration;
+//! use futures::{StreamExt, stream};
+//! use tokio::time::Instant;
+//! use tokio_ratelimit::{Rate, TokenBucket, stream::RateLimitStreamExt};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() {
+//! let bytes = TokenBucket::builder().rate(Rate::per_second(64 * 1024)).capacity(16 * 1024).build().unwrap();
+//! let chunks = stream::iter((0..8).map(|_| vec![0u8; 16 * 1024]));
+//! let start = Instant::now();
+//! let paced: Vec<_> = chunks.rate_limited_by(bytes, |chunk| chunk.len() as u32).collect().await;
+//! assert!(paced.iter().all(Result::is_ok));
+//! assert_eq!(start.elapsed(), Duration::from_millis(1750)); // the first chunk at once
+//! # }
+//! ```
+//!
+//! It does not split a chunk: one larger than the limiter's capacity is
+//! handed back refused (`InsufficientCapacity`), so give the bucket room
+//! for the largest chunk. To split chunks, or to count in larger permits,
+//! go through a reader: `tokio_util::io::StreamReader` turns the stream
+//! into an `AsyncRead` for a [`RateLimitedRead`], and `ReaderStream` turns
+//! that back into a stream.
 //!
 //! # Examples
 //!
