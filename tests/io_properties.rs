@@ -51,7 +51,7 @@ fn run<F: Future>(f: F) -> F::Output {
 /// The bytes of a case: not all alike, so that a byte out of place shows.
 fn data(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .map(|i| i.to_le_bytes()[0].wrapping_mul(31).wrapping_add(seed))
         .collect()
 }
 
