@@ -144,9 +144,11 @@ impl<L> Meter<L> {
 /// will fit (`Limited { retry_after }`), and this sleeps until then and
 /// asks again. Nothing is held while it sleeps, so dropping it is free.
 async fn pay<L: Limiter + ?Sized>(limiter: Arc<L>, n: u32) -> Result<(), AcquireError> {
-    match limiter.acquire_many(n).await {
+    // `L`'s own method: through `Arc<L>`'s forwarding impl it would box a
+    // second future per payment.
+    match (*limiter).acquire_many(n).await {
         Err(AcquireError::Overflow) => loop {
-            match limiter.try_acquire_many(n) {
+            match (*limiter).try_acquire_many(n) {
                 Ok(()) => return Ok(()),
                 Err(TryAcquireError::Limited { retry_after }) => clock::sleep(retry_after).await,
                 Err(TryAcquireError::InsufficientCapacity) => {
