@@ -6,26 +6,39 @@
 //! cargo bench -p tokio-ratelimit-benches --bench io
 //! BENCH_QUICK=1 cargo bench -p tokio-ratelimit-benches --bench io   # a smoke test
 //! BENCH_SECS=5 BENCH_ROUNDS=5 cargo bench -p tokio-ratelimit-benches --bench io
+//! cargo bench -p tokio-ratelimit-benches --bench io -- overhead   # or: limited
 //! ```
 //!
 //! Every copy reads from `tokio::io::repeat(0)` (memory, no system call:
 //! what a byte costs to make is a `memset`) and writes to a sink, on a
 //! multi-thread runtime of 2 workers, the copy driven by `block_on`.
 //!
-//! * **Overhead** (`1 GiB`): 1 GiB copied raw (`tokio::io::copy`, its 8 KiB
-//!   buffer) and through each wrapper over a `TokenBucket` that never makes
-//!   it wait (10⁹ bytes a second, a burst of 4 GiB: the 1 GiB fits, so
-//!   what is measured is the payments, one per 16 KiB chunk, not a rate):
-//!   `io::copy` (a `RateLimitedRead` under tokio's `copy_buf`, no second
-//!   buffer), `tokio::io::copy` into a `RateLimitedWrite`, and
-//!   `tokio::io::copy` from a `RateLimitedRead` (which copies every byte
-//!   once more, from the wrapper's buffer into `copy`'s). And
-//!   async-speed-limit's reader at an infinite speed, its "unlimited". The
-//!   configurations alternate in `BENCH_ROUNDS` rounds (default 7); quoted:
-//!   the median time and the median of the per-round ratios to raw.
-//! * **Limited** (`100 MiB/s`, `10 MiB/s`): `BENCH_SECS` (default 3) seconds'
-//!   worth of bytes at the rate, through `io::copy` with a `TokenBucket`,
-//!   and through `tokio::io::copy` from async-speed-limit's reader (its
+//! * **Overhead** (`overhead`): 1 GiB copied raw (`tokio::io::copy`, its
+//!   8 KiB buffer; and `copy_buf` from a 16 KiB `BufReader`, the wrapper's
+//!   buffer size without a limit) and through each wrapper over a
+//!   `TokenBucket` that never makes it wait (10⁹ bytes a second, a burst of
+//!   4 GiB: the 1 GiB fits, so what is measured is the payments, one per
+//!   chunk, not a rate): `io::copy` (a `RateLimitedRead` under tokio's
+//!   `copy_buf`, no second buffer), the same with 8 KiB chunks,
+//!   `tokio::io::copy` into a `RateLimitedWrite` (a payment per 8 KiB
+//!   write), and `tokio::io::copy` from a `RateLimitedRead` (which copies
+//!   every byte once more, from the wrapper's buffer into `copy`'s). And
+//!   async-speed-limit's reader at an infinite speed, its "unlimited". Two
+//!   sources: a 64 MiB buffer read over and over (every byte from RAM, as
+//!   from the page cache or a socket's buffers; its `memcpy` speed depends
+//!   on how the source and the destination buffers happen to be aligned, by
+//!   up to 2× from run to run, so read this table for orders of magnitude),
+//!   and `repeat(0)`, a `memset` into the caller's buffer: the cheapest
+//!   bytes there are, where the payments weigh most. The routes alternate
+//!   in `BENCH_ROUNDS` rounds (default 7); quoted: the median time and CPU
+//!   time, and the medians of the per-round ratios to the raw copy. The
+//!   instructions a payment costs, which no noise changes, are counted by
+//!   `examples/callgrind_io.rs`.
+//! * **Limited** (`limited`; 100 MiB/s and 10 MiB/s): `BENCH_SECS`
+//!   (default 3) seconds' worth of bytes at the rate, through `io::copy`
+//!   with a `TokenBucket` (16 KiB chunks), through a `RateLimitedRead`
+//!   whose chunk is the burst (100 ms of the rate, async-speed-limit's
+//!   grain), and through `tokio::io::copy` from async-speed-limit's reader (its
 //!   defaults: a bucket of 100 ms of the rate, refilled continuously, and
 //!   at least 100 ms of sleep once it is empty). Both bursts are the same,
 //!   100 ms of the rate: the token bucket's capacity is set so. Quoted,
@@ -171,18 +184,20 @@ fn bucket(rate: u32, capacity: u32) -> TokenBucket {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Route {
     Raw,
+    RawBuf,
     IoCopy,
-    IoCopy64,
+    IoCopy8,
     Write,
     ReadCopy,
     SpeedLimit,
 }
 
 impl Route {
-    const ALL: [Route; 6] = [
+    const ALL: [Route; 7] = [
         Route::Raw,
+        Route::RawBuf,
         Route::IoCopy,
-        Route::IoCopy64,
+        Route::IoCopy8,
         Route::Write,
         Route::ReadCopy,
         Route::SpeedLimit,
@@ -190,9 +205,10 @@ impl Route {
 
     fn name(self) -> &'static str {
         match self {
-            Route::Raw => "raw `tokio::io::copy`",
+            Route::Raw => "raw `tokio::io::copy` (8 KiB buffer)",
+            Route::RawBuf => "raw `copy_buf` from a 16 KiB `BufReader`",
             Route::IoCopy => "`io::copy` (RateLimitedRead + copy_buf, 16 KiB chunks)",
-            Route::IoCopy64 => "the same, `with_max_chunk(64 KiB)`",
+            Route::IoCopy8 => "the same, `with_max_chunk(8 KiB)`",
             Route::Write => "`tokio::io::copy` into `limited_write`",
             Route::ReadCopy => "`tokio::io::copy` from `limited_read`",
             Route::SpeedLimit => "async-speed-limit, speed ∞",
@@ -214,8 +230,12 @@ impl Route {
             let copied = match self {
                 Route::Raw => tokio::io::copy(&mut reader, &mut sink).await,
                 Route::IoCopy => rio::copy(&mut reader, &mut sink, unlimited).await,
-                Route::IoCopy64 => {
-                    let mut reader = RateLimitedRead::with_max_chunk(64 << 10, reader, unlimited);
+                Route::RawBuf => {
+                    let mut reader = tokio::io::BufReader::with_capacity(16 << 10, reader);
+                    tokio::io::copy_buf(&mut reader, &mut sink).await
+                }
+                Route::IoCopy8 => {
+                    let mut reader = RateLimitedRead::with_max_chunk(8 << 10, reader, unlimited);
                     tokio::io::copy_buf(&mut reader, &mut sink).await
                 }
                 Route::Write => {
@@ -235,9 +255,8 @@ impl Route {
     }
 }
 
-/// The overhead table of one source; returns the raw copy's CPU seconds
-/// per GiB.
-fn overhead<R>(rt: &Runtime, title: &str, source: impl Fn(u64) -> R) -> f64
+/// The overhead table of one source.
+fn overhead<R>(rt: &Runtime, title: &str, source: impl Fn(u64) -> R)
 where
     R: AsyncRead + Unpin + Send + 'static,
 {
@@ -288,9 +307,9 @@ where
         ]);
     }
     for (i, what) in [
-        (1, "`io::copy`"),
-        (2, "`io::copy`, 64 KiB chunks"),
-        (3, "`limited_write`"),
+        (2, "`io::copy`"),
+        (3, "`io::copy`, 8 KiB chunks"),
+        (4, "`limited_write`"),
     ] {
         t.note(ratio_line(
             &format!("{what}: CPU over raw − 1 (median of per-round ratios)"),
@@ -306,7 +325,6 @@ where
             .to_string(),
     );
     t.print();
-    median(&cpus[0]) / gib
 }
 
 // ----------------------------------------------------------------- limited
@@ -406,7 +424,7 @@ fn sleep_wake_us(rt: &Runtime) -> f64 {
     cpu.as_secs_f64() * 1e6 / f64::from(wakes)
 }
 
-fn pacing(rt: &Runtime, raw_cpu_per_gib: f64) {
+fn pacing(rt: &Runtime) {
     let rounds = if quick() {
         1
     } else {
@@ -449,10 +467,11 @@ fn pacing(rt: &Runtime, raw_cpu_per_gib: f64) {
             ]);
         }
     }
-    t.note(format!(
-        "- the floor: a raw copy of 1 GiB from `repeat(0)` takes {raw_cpu_per_gib:.3} CPU s \
-         (the `memset`s), included in every CPU figure above"
-    ));
+    t.note(
+        "- every CPU figure includes the source's `memset`s (about 0.02 CPU s per GiB, \
+         see the overhead tables)"
+            .to_string(),
+    );
     t.note(format!(
         "- a wait costs what a timer wake costs: a task looping on a 1.5625 ms \
          `tokio::time::sleep` (16 KiB at 10 MiB/s) on this runtime takes {:.1} µs of CPU \
@@ -463,7 +482,12 @@ fn pacing(rt: &Runtime, raw_cpu_per_gib: f64) {
 }
 
 fn main() {
-    // `cargo bench` passes `--bench`; there is nothing to filter.
+    // `cargo bench` passes `--bench`; other arguments name the sections to run.
+    let only: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let run = |section: &str| only.is_empty() || only.iter().any(|o| o == section);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -475,12 +499,16 @@ fn main() {
     println!("- command: `cargo bench -p tokio-ratelimit-benches --bench io`");
     println!("- load average (1 min) at start: {}", load_average());
     let started = Instant::now();
-    let memory = Memory::buffer();
-    overhead(&rt, "a 64 MiB buffer in memory, read over and over", |n| {
-        Memory::new(&memory, n)
-    });
-    let raw_cpu_per_gib = overhead(&rt, "`repeat(0)` (a `memset`)", zeros);
-    pacing(&rt, raw_cpu_per_gib);
+    if run("overhead") {
+        let memory = Memory::buffer();
+        overhead(&rt, "a 64 MiB buffer in memory, read over and over", |n| {
+            Memory::new(&memory, n)
+        });
+        overhead(&rt, "`repeat(0)` (a `memset`)", zeros);
+    }
+    if run("limited") {
+        pacing(&rt);
+    }
     println!("\n- load average (1 min) at end: {}", load_average());
     println!("- total: {:.0} s", started.elapsed().as_secs_f64());
 }
