@@ -305,6 +305,10 @@ fn ops() -> impl Strategy<Value = Vec<Op>> {
     )
 }
 
+/// The sizes a read or write asks for, in turn, one more each time a call
+/// is dropped.
+const SIZES: [usize; 3] = [3_000, 700, 1];
+
 /// A token bucket that counts the payments made of it: those in progress
 /// (a future alive) and the permits of those that went through.
 #[derive(Clone)]
@@ -396,12 +400,14 @@ async fn cancelled_reads(budget: Budget, data: &[u8], chunk: u32, ops: &[Op]) ->
     let start = Instant::now();
     let mut out = Vec::new();
     let mut buf = vec![0; 3_000];
+    let mut drops = 0;
     let mut ops = ops
         .iter()
         .copied()
         .chain(std::iter::repeat(Op::Advance(50)));
     'reads: loop {
-        let mut call = task::spawn(reader.read(&mut buf));
+        // A call retried after a drop may ask for less (or more).
+        let mut call = task::spawn(reader.read(&mut buf[..SIZES[drops % SIZES.len()]]));
         let n = loop {
             if let Poll::Ready(n) = call.poll() {
                 break n.unwrap();
@@ -409,7 +415,10 @@ async fn cancelled_reads(budget: Budget, data: &[u8], chunk: u32, ops: &[Op]) ->
             match ops.next().unwrap() {
                 Op::Poll => {}
                 Op::Advance(ms) => time::advance(Duration::from_millis(ms)).await,
-                Op::DropCall => continue 'reads,
+                Op::DropCall => {
+                    drops += 1;
+                    continue 'reads;
+                }
                 Op::DropWrapper => {
                     drop(call);
                     drop(reader);
@@ -449,12 +458,15 @@ async fn cancelled_writes(budget: Budget, data: &[u8], chunk: u32, ops: &[Op]) -
         RateLimitedWrite::with_max_chunk(chunk, sink, probe.clone()).bytes_per_permit(budget.unit);
     let start = Instant::now();
     let mut pos = 0;
+    let mut drops = 0;
     let mut ops = ops
         .iter()
         .copied()
         .chain(std::iter::repeat(Op::Advance(50)));
     'writes: while pos < data.len() {
-        let end = data.len().min(pos + 3_000);
+        // A write retried after a drop may offer less (or more): a payment
+        // started for more is kept as credit.
+        let end = data.len().min(pos + SIZES[drops % SIZES.len()]);
         let mut call = task::spawn(writer.write(&data[pos..end]));
         let n = loop {
             if let Poll::Ready(n) = call.poll() {
@@ -463,7 +475,10 @@ async fn cancelled_writes(budget: Budget, data: &[u8], chunk: u32, ops: &[Op]) -
             match ops.next().unwrap() {
                 Op::Poll => {}
                 Op::Advance(ms) => time::advance(Duration::from_millis(ms)).await,
-                Op::DropCall => continue 'writes,
+                Op::DropCall => {
+                    drops += 1;
+                    continue 'writes;
+                }
                 Op::DropWrapper => {
                     drop(call);
                     let written = writer.into_inner().written;
