@@ -32,7 +32,7 @@
 //! A [`Rate`](crate::Rate) is at most one permit per nanosecond, 10⁹ a
 //! second: at one permit per byte, 0.93 GiB/s. For a faster link, count in
 //! larger permits: `bytes_per_permit(1024)` on either wrapper makes each
-//! permit a kibibyte (up to 931 TiB/s), and the limiter's rate and
+//! permit a kibibyte (up to 0.93 TiB/s), and the limiter's rate and
 //! capacity are then in kibibytes. The bytes are still charged exactly: a
 //! payment is rounded up to whole permits, and what it paid for beyond the
 //! bytes moved is **credit** that the next read or write spends first.
@@ -69,7 +69,8 @@
 //!   is lost with the wrapper.
 //! * So, at any moment, the bytes handed out (read) or to the writer
 //!   underneath (written) are at most the permits granted times the bytes
-//!   per permit, and at least that less the credit.
+//!   per permit; the difference is the credit (and, for a reader, bytes
+//!   paid for in its buffer that the caller has not taken yet).
 //! * A zero-length read or write costs nothing.
 //! * Backpressure is `Poll::Pending`: a wrapper waiting for permits is
 //!   woken by the limiter when they come, never polled in a loop.
