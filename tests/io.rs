@@ -688,3 +688,66 @@ fn a_rate_above_one_byte_per_nanosecond_needs_larger_permits() {
     assert!(Rate::per_second(1 << 30).validate().is_err());
     assert!(Rate::per_second(1 << 20).validate().is_ok());
 }
+
+/// A token bucket that counts the payments asked of it.
+struct Counting {
+    bucket: TokenBucket,
+    calls: std::sync::atomic::AtomicU32,
+}
+
+#[async_trait]
+impl Limiter for Counting {
+    async fn acquire_many(&self, n: u32) -> Result<(), AcquireError> {
+        self.calls
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.bucket.acquire_many(n).await
+    }
+    fn try_acquire_many(&self, n: u32) -> Result<(), TryAcquireError> {
+        self.bucket.try_acquire_many(n)
+    }
+    async fn acquire_timeout(&self, n: u32, timeout: Duration) -> Result<(), AcquireError> {
+        self.bucket.acquire_timeout(n, timeout).await
+    }
+    fn peek(&self, n: u32) -> Option<tokio_ratelimit::Peek> {
+        Some(self.bucket.peek(n))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn small_reads_and_writes_do_not_pay_a_round_each() {
+    // A caller reading one byte at a time: the wrapper reads a chunk (1000)
+    // from the reader underneath and pays for it once.
+    let counting = Arc::new(Counting {
+        bucket: bytes(1000, 1000),
+        calls: 0.into(),
+    });
+    let mut reader = tokio::io::repeat(0)
+        .take(4000)
+        .limited_read(Arc::clone(&counting));
+    let start = Instant::now();
+    let mut byte = [0; 1];
+    for _ in 0..4000 {
+        assert_eq!(reader.read(&mut byte).await.unwrap(), 1);
+    }
+    assert_eq!(start.elapsed(), ms(3000));
+    let calls = || counting.calls.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(calls(), 4);
+
+    // A writer of 100-byte writes, each permit worth 1000 bytes: one
+    // payment per ten writes.
+    let counting = Arc::new(Counting {
+        bucket: bytes(1000, 1000),
+        calls: 0.into(),
+    });
+    let mut writer = tokio::io::sink()
+        .limited_write(Arc::clone(&counting))
+        .bytes_per_permit(1000);
+    for _ in 0..100 {
+        writer.write_all(&[0; 100]).await.unwrap();
+    }
+    assert_eq!(
+        counting.calls.load(std::sync::atomic::Ordering::Relaxed),
+        10
+    );
+    assert_eq!(counting.bucket.stats().granted, 10);
+}
