@@ -13,6 +13,11 @@
 //! The difference between the 3 s and the 1 s run, divided by the 2 000
 //! grants between them, is the cost of one grant to a waiter (set-up
 //! excluded; the process exits without dropping the waiters).
+//!
+//! With a third argument `first`, one task instead waits at an idle
+//! limiter, again and again: it empties it, waits for one permit (1 ms),
+//! then leaves it idle for 10 ms. Each second is 90 such waits, each the
+//! first at an idle bucket — where the bucket's actor is started and ends.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -57,6 +62,16 @@ fn main() {
             other => panic!("unknown limiter {other}: token, shaper, funnel or smooth"),
         };
         let grants = Arc::new(AtomicU64::new(0));
+        if args.next().as_deref() == Some("first") {
+            for _ in 0..secs * 90 {
+                while limiter.try_acquire().is_ok() {}
+                limiter.acquire().await.unwrap();
+                grants.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            println!("{kind}: {} first waits", grants.load(Ordering::Relaxed));
+            std::process::exit(0);
+        }
         for _ in 0..2000 {
             let (limiter, grants) = (limiter.clone(), grants.clone());
             tokio::spawn(async move {

@@ -39,13 +39,17 @@ pub(crate) fn now() -> Instant {
 /// into the seconds there). Anything else — another platform, another
 /// layout in a later std, an overflow — takes the plain subtraction, which
 /// debug builds also compare with on every call.
+///
+/// `repr(C)`, the decoded origin first: it is what every call reads, and
+/// the cell keeps it with its word (the instant, read on slow paths only,
+/// may fall on the next cache line).
 #[derive(Debug, Clone, Copy)]
+#[repr(C)]
 pub(crate) struct Origin {
-    instant: Instant,
     /// The origin as decoded nanoseconds, when instants decode (and the
-    /// origin is not the decoder's zero; `NonZero` keeps the cell's line
-    /// of fields within 64 bytes).
+    /// origin is not the decoder's zero; `NonZero` keeps it in 8 bytes).
     raw: Option<NonZeroU64>,
+    instant: Instant,
 }
 
 impl Origin {
@@ -65,7 +69,7 @@ impl Origin {
                     .is_some_and(|later| later.checked_sub(origin) == Some(1_999_999_999))
             })
             .and_then(NonZeroU64::new);
-        Origin { instant, raw }
+        Origin { raw, instant }
     }
 
     /// The origin itself.

@@ -35,9 +35,10 @@ use crate::{AcquireError, ConfigError, Peek, Quota, Rate, Reservation, Stats, Tr
 ///   `1/rate` later, and so on: output is smoothed to the rate, with no
 ///   burst after idle.
 ///
-/// A cheap handle (one `Arc`) over a background actor that releases the
-/// shaped requests on time, spawned on the runtime that builds the bucket;
-/// it ends when the last handle is dropped.
+/// A cheap handle (one `Arc`). A background actor releases the shaped
+/// requests on time; it is a task only while someone waits (started by the
+/// first waiter, on its runtime, ended when the queue is empty), so an idle
+/// bucket is a few words of state.
 ///
 /// # Examples
 ///
@@ -95,8 +96,9 @@ impl LeakyBucketBuilder {
         self
     }
 
-    /// Builds the (empty) bucket and spawns its actor on the current
-    /// runtime.
+    /// Builds the (empty) bucket. It must be built inside a tokio runtime
+    /// (its actor is started by its first waiter, on that waiter's
+    /// runtime); nothing is spawned now.
     ///
     /// # Errors
     ///

@@ -82,16 +82,18 @@
 //!   of earlier ones in Guava's pay-later model, give back the part of the
 //!   dropped request's cost not yet elapsed and keep the stored permits it
 //!   spent spent; see [`SmoothBursty`].)
-//! * **Idle costs nothing.** A limiter nobody waits on has no timer armed.
-//! * **Clean shutdown.** An actor ends when the last handle is dropped;
-//!   `close()` fails all waiters and later calls with `Closed`.
+//! * **Idle costs nothing.** A limiter nobody waits on has no task and no
+//!   timer: its actor runs only while someone waits.
+//! * **Clean shutdown.** An actor ends when its queue is empty (or the
+//!   limiter is closed); `close()` fails all waiters and later calls with
+//!   `Closed`.
 //!
 //! # Runtime
 //!
-//! [`TokenBucket`] and [`LeakyBucket`] spawn an actor on the tokio runtime
-//! that builds them (building outside a runtime is
-//! [`ConfigError::NoRuntime`], not a panic); they need tokio's `rt` and
-//! `time`. [`Funnel`], [`SmoothBursty`] and [`SmoothWarmingUp`] spawn
+//! [`TokenBucket`] and [`LeakyBucket`] are built inside a tokio runtime
+//! (building outside one is [`ConfigError::NoRuntime`], not a panic); their
+//! actor is spawned by the first waiter, on that waiter's runtime, and ends
+//! when nobody waits. They need tokio's `rt` and `time`. [`Funnel`], [`SmoothBursty`] and [`SmoothWarmingUp`] spawn
 //! nothing and their `try_acquire` works anywhere; their `acquire` needs
 //! tokio's timer when it has to wait.
 //!

@@ -35,8 +35,31 @@ use crate::ConfigError;
 pub struct Rate {
     permits: u32,
     period: Duration,
-    /// Set by the float constructor when its input cannot be a rate.
-    invalid: Option<&'static str>,
+    /// Set by the float constructor when its input cannot be a rate (one
+    /// byte, not a `&str`: a rate is kept by every limiter).
+    invalid: Option<Invalid>,
+}
+
+/// Why the float constructor's input cannot be a rate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Invalid {
+    NaN,
+    Infinite,
+    NotPositive,
+    TooFast,
+    TooSlow,
+}
+
+impl Invalid {
+    fn reason(self) -> &'static str {
+        match self {
+            Invalid::NaN => "NaN permits per second",
+            Invalid::Infinite => "infinite permits per second",
+            Invalid::NotPositive => "permits per second must be positive",
+            Invalid::TooFast => "faster than one permit per nanosecond",
+            Invalid::TooSlow => "slower than one permit per u64::MAX nanoseconds",
+        }
+    }
 }
 
 impl Rate {
@@ -101,20 +124,20 @@ impl Rate {
             invalid: Some(reason),
         };
         if r.is_nan() {
-            return invalid("NaN permits per second");
+            return invalid(Invalid::NaN);
         }
         if r.is_infinite() {
-            return invalid("infinite permits per second");
+            return invalid(Invalid::Infinite);
         }
         if r <= 0.0 {
-            return invalid("permits per second must be positive");
+            return invalid(Invalid::NotPositive);
         }
         if r > 1e9 {
-            return invalid("faster than one permit per nanosecond");
+            return invalid(Invalid::TooFast);
         }
         match best_fraction(r / 1e9) {
             Some((permits, nanos)) => Rate::per(permits, Duration::from_nanos(nanos)),
-            None => invalid("slower than one permit per u64::MAX nanoseconds"),
+            None => invalid(Invalid::TooSlow),
         }
     }
 
@@ -154,8 +177,8 @@ impl Rate {
     ///
     /// [`ConfigError::InvalidRate`] with the reason, as `build()` reports it.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let reason = if let Some(reason) = self.invalid {
-            reason
+        let reason = if let Some(invalid) = self.invalid {
+            invalid.reason()
         } else if self.permits == 0 {
             "zero permits per period"
         } else if self.period.is_zero() {
@@ -209,7 +232,7 @@ fn gcd(mut a: u128, mut b: u128) -> u128 {
 impl fmt::Debug for Rate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.invalid {
-            Some(reason) => write!(f, "Rate(invalid: {reason})"),
+            Some(invalid) => write!(f, "Rate(invalid: {})", invalid.reason()),
             None => write!(f, "Rate({} per {:?})", self.permits, self.period),
         }
     }
@@ -218,7 +241,7 @@ impl fmt::Debug for Rate {
 impl fmt::Display for Rate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.invalid {
-            Some(reason) => write!(f, "invalid rate ({reason})"),
+            Some(invalid) => write!(f, "invalid rate ({})", invalid.reason()),
             None => write!(f, "{} per {:?}", self.permits, self.period),
         }
     }

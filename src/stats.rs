@@ -41,62 +41,85 @@ pub struct Stats {
 /// `fetch_add` on a stripe chosen per thread: the cleverer schemes tried
 /// (stripes owned by a thread, stripes left on contention) measured no
 /// better and cost more on refusals (see `benches/README.md`).
+///
+/// The engine keeps its two [`Stripe`]s itself, placed on different lines
+/// by its layout rather than by padding (see `engine::Engine`); these are
+/// padded, for the maps.
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
-    stripes: [Stripe; STRIPES],
+    stripes: [Padded; 2],
 }
 
-const STRIPES: usize = 2;
-
+/// A stripe alone on its cache line.
 #[derive(Debug, Default)]
 #[repr(align(64))]
-struct Stripe {
+struct Padded(Stripe);
+
+/// One stripe of counters: what the threads on it granted and refused.
+#[derive(Debug, Default)]
+pub(crate) struct Stripe {
     granted: AtomicU64,
     refused: AtomicU64,
 }
 
-/// The stripe of the calling thread: threads take stripes in turn, so two
-/// threads sharing a limiter use different lines. The thread-local is
+/// Of two stripes, the calling thread's: threads take stripes in turn, so
+/// two threads sharing a limiter use different ones. The thread-local is
 /// const-initialised, so reading it is a single load (no lazy-init check).
 #[inline]
-fn stripe() -> usize {
+pub(crate) fn pick<'a>(first: &'a Stripe, second: &'a Stripe) -> &'a Stripe {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     thread_local! {
-        static STRIPE: Cell<usize> = const { Cell::new(usize::MAX) };
+        /// 0: not chosen yet; 1: the first stripe; 2: the second.
+        static STRIPE: Cell<u8> = const { Cell::new(0) };
     }
-    STRIPE.with(|stripe| match stripe.get() {
-        usize::MAX => {
-            let chosen = NEXT.fetch_add(1, Ordering::Relaxed) % STRIPES;
-            stripe.set(chosen);
-            chosen
+    match STRIPE.with(Cell::get) {
+        1 => first,
+        2 => second,
+        _ => {
+            let second_stripe = NEXT.fetch_add(1, Ordering::Relaxed) % 2 == 1;
+            STRIPE.with(|stripe| stripe.set(if second_stripe { 2 } else { 1 }));
+            if second_stripe { second } else { first }
         }
-        chosen => chosen,
+    }
+}
+
+/// The totals of two stripes: (granted permits, refused requests).
+pub(crate) fn totals(first: &Stripe, second: &Stripe) -> (u64, u64) {
+    [first, second].iter().fold((0, 0), |(g, r), s| {
+        (
+            g.wrapping_add(s.granted.load(Ordering::Relaxed)),
+            r.wrapping_add(s.refused.load(Ordering::Relaxed)),
+        )
     })
 }
 
-impl Counters {
+impl Stripe {
     #[inline]
     pub(crate) fn granted(&self, permits: u32) {
-        self.stripes[stripe()]
-            .granted
+        self.granted
             .fetch_add(u64::from(permits), Ordering::Relaxed);
     }
 
     #[inline]
     pub(crate) fn refused(&self) {
-        self.stripes[stripe()]
-            .refused
-            .fetch_add(1, Ordering::Relaxed);
+        self.refused.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl Counters {
+    #[inline]
+    pub(crate) fn granted(&self, permits: u32) {
+        pick(&self.stripes[0].0, &self.stripes[1].0).granted(permits);
+    }
+
+    #[inline]
+    pub(crate) fn refused(&self) {
+        pick(&self.stripes[0].0, &self.stripes[1].0).refused();
     }
 
     /// The totals: (granted permits, refused requests).
     pub(crate) fn totals(&self) -> (u64, u64) {
-        self.stripes.iter().fold((0, 0), |(g, r), s| {
-            (
-                g.wrapping_add(s.granted.load(Ordering::Relaxed)),
-                r.wrapping_add(s.refused.load(Ordering::Relaxed)),
-            )
-        })
+        totals(&self.stripes[0].0, &self.stripes[1].0)
     }
 }
 

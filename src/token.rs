@@ -11,19 +11,21 @@ use crate::{AcquireError, ConfigError, Peek, Quota, Rate, Reservation, Stats, Tr
 
 /// A token bucket: `capacity` tokens, refilled continuously at `rate`.
 ///
-/// A cheap handle (one `Arc`; clones share the bucket) over a background
-/// actor spawned on the tokio runtime that builds it. `try_acquire` takes
+/// A cheap handle (one `Arc`; clones share the bucket). `try_acquire` takes
 /// tokens lock-free in one compare-and-swap; `acquire` waits in a FIFO
-/// queue, and the actor wakes each waiter when the refill covers it — one
-/// timer for the whole queue, none at all while nobody waits.
+/// queue, and a background actor wakes each waiter when the refill covers
+/// it — one timer for the whole queue. The actor is a task only while
+/// someone waits: the first waiter starts it, on its own runtime, and it
+/// ends when the queue is empty. An idle bucket is 176 bytes behind its
+/// `Arc` (no task, no timer, no queue), so a bucket per resource is cheap.
 ///
 /// How many tokens are due is computed from the time elapsed, exactly (see
 /// [`crate::algorithm`]), never counted in timer ticks: 100 000/s with a
 /// capacity of 10 delivers 100 000/s even though tokio's timer only ticks
 /// every millisecond.
 ///
-/// The actor ends when the last handle is dropped. [`close`](Self::close)
-/// fails every waiter and every later call with `Closed`.
+/// [`close`](Self::close) fails every waiter and every later call with
+/// `Closed`.
 ///
 /// # Examples
 ///
@@ -93,7 +95,9 @@ impl TokenBucketBuilder {
         self
     }
 
-    /// Builds the bucket and spawns its actor on the current runtime.
+    /// Builds the bucket. It must be built inside a tokio runtime (its
+    /// actor will be started by its first waiter, on that waiter's
+    /// runtime); nothing is spawned now.
     ///
     /// # Errors
     ///

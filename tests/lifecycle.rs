@@ -24,7 +24,8 @@ use tokio::task::JoinHandle;
 use tokio::time::{self, Instant};
 use tokio_ratelimit::keyed::{Keyed, KeyedFunnel};
 use tokio_ratelimit::{
-    AcquireError, Funnel, LeakyBucket, Limiter, Rate, SmoothBursty, SmoothWarmingUp, TokenBucket,
+    AcquireError, Funnel, LeakyBucket, Limiter, Quota, Rate, SmoothBursty, SmoothWarmingUp,
+    TokenBucket,
 };
 
 mod support;
@@ -672,19 +673,26 @@ fn close_fails_waiters_at_once() {
     check("keyed", move || keyed.get("k"), TokenBucket::close, BUCKET);
 }
 
-/// A waiter already waiting in runtime B when the actor's runtime A goes
-/// away is woken by the actor's end, and served at once (its turn has
-/// passed). Deterministic: A is never driven after the limiter is built, so
-/// its actor never runs (not even once) and the waiter cannot have been
+/// A waiter in runtime B, queued behind one from runtime A whose poll
+/// started the actor there, is woken when A goes away, and served at once
+/// (its turn has passed). Deterministic: A is never driven after that poll,
+/// so its actor never runs (not even once) and B's waiter cannot have been
 /// served by it.
 fn waiting_when_the_actors_runtime_goes<L: Limiter + Clone + 'static>(name: &str, make: fn() -> L) {
     let name = name.to_owned();
     watched(&name.clone(), move || {
         let rt_a = paused_runtime();
-        let limiter = rt_a.block_on(async { make() });
+        let (limiter, mut first) = rt_a.block_on(async {
+            let limiter = make();
+            while limiter.try_acquire().is_ok() {}
+            let l = limiter.clone();
+            let mut first = tokio_test::task::spawn(async move { l.acquire().await });
+            // Queued; the actor it spawned on A has not run.
+            tokio_test::assert_pending!(first.poll());
+            (limiter, first)
+        });
         paused_runtime().block_on(async move {
             let start = Instant::now();
-            while limiter.try_acquire().is_ok() {}
             let l = limiter.clone();
             let waiter = spawn_timed(start, async move { l.acquire().await }).await;
             time::advance(ms(2_000)).await;
@@ -698,6 +706,8 @@ fn waiting_when_the_actors_runtime_goes<L: Limiter + Clone + 'static>(name: &str
             let (result, at) = finish(waiter, start + DEADLINE).await;
             assert_eq!(result, Ok(()), "{name}");
             assert_eq!(at, ms(2_000), "{name}");
+            assert!(first.is_woken(), "{name}: A's waiter was not woken");
+            tokio_test::assert_ready_eq!(first.poll(), Ok(()));
         });
     });
 }
@@ -706,4 +716,69 @@ fn waiting_when_the_actors_runtime_goes<L: Limiter + Clone + 'static>(name: &str
 fn a_waiter_waiting_when_the_actors_runtime_goes_is_served() {
     waiting_when_the_actors_runtime_goes("token", token);
     waiting_when_the_actors_runtime_goes("slow token", slow_token);
+}
+
+/// A bucket built on runtime A is waited on from B, then (B gone) from C:
+/// each time the actor is a task of the waiter's runtime, for as long as
+/// it waits and no longer, and A never holds one.
+fn the_actor_runs_on_the_waiters_runtime<L: Limiter + Clone + 'static>(
+    name: &str,
+    make: fn() -> L,
+) {
+    let name = name.to_owned();
+    watched(&name.clone(), move || {
+        let rt_a = paused_runtime();
+        let limiter = rt_a.block_on(async { make() });
+        assert_eq!(
+            rt_a.metrics().num_alive_tasks(),
+            0,
+            "{name}: built, a task on A"
+        );
+        for runtime in ["B", "C"] {
+            let rt = paused_runtime();
+            rt.block_on(async {
+                let alive = || {
+                    tokio::runtime::Handle::current()
+                        .metrics()
+                        .num_alive_tasks()
+                };
+                // Take what goes at once; the first that must wait stays.
+                let mut waiter = loop {
+                    let mut waiter = tokio_test::task::spawn(limiter.acquire());
+                    if waiter.poll().is_pending() {
+                        break waiter;
+                    }
+                };
+                assert_eq!(alive(), 1, "{name}: the actor, on {runtime}");
+                // (Each paused runtime has its own clock, so the wait
+                // depends on how far the last one advanced: a few ticks.)
+                for _ in 0..10 {
+                    if waiter.is_woken() {
+                        break;
+                    }
+                    time::advance(ms(50)).await;
+                    settle().await;
+                }
+                tokio_test::assert_ready_eq!(waiter.poll(), Ok(()));
+                drop(waiter);
+                settle().await;
+                assert_eq!(alive(), 0, "{name}: the actor ended on {runtime}");
+            });
+            drop(rt);
+            assert_eq!(rt_a.metrics().num_alive_tasks(), 0, "{name}: a task on A");
+        }
+    });
+}
+
+#[test]
+fn each_waiter_starts_the_actor_on_its_own_runtime() {
+    fn two_band_token() -> TokenBucket {
+        TokenBucket::builder()
+            .quota(Quota::new(rate(), 2).and(Rate::per_hour(10_000), 100))
+            .build()
+            .unwrap()
+    }
+    the_actor_runs_on_the_waiters_runtime("token", token);
+    the_actor_runs_on_the_waiters_runtime("leaky", leaky);
+    the_actor_runs_on_the_waiters_runtime("two-band token", two_band_token);
 }

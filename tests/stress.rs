@@ -1254,3 +1254,95 @@ fn smooth_limiters_never_exhausted_refuse_nobody_on_two_threads() {
         "refused while never exhausted"
     );
 }
+
+// ---- The actor, started and ended as the queue fills and empties --------
+
+/// Waiters on two runtimes, each pausing between its grants so that the
+/// queue keeps emptying and filling again: the actor ends on an empty
+/// queue and the next waiter starts it again, on its own runtime, over and
+/// over, with waiters arriving just as it ends. Halfway through, one
+/// runtime is shut down (with the actor, if it was there): the other's
+/// waiters go on. No waiter hangs (a lost start would leave one waiting
+/// for nobody), none is served early, and the counters are exact.
+#[test]
+fn token_bucket_actor_starts_and_stops_across_two_runtimes() {
+    const PER_RUNTIME: usize = 2;
+    let _serial = serial();
+    let one_worker = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let (rt_a, rt_b) = (one_worker(), one_worker());
+    let origin = Instant::now();
+    let limiter = Arc::new(rt_a.block_on(async {
+        TokenBucket::builder()
+            .rate(Rate::per_second(2_000))
+            .capacity(1)
+            .build()
+            .unwrap()
+    }));
+    let stop = Arc::new(AtomicBool::new(false));
+    let (granted, hung) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let last = Arc::new(Mutex::new(origin));
+    let waiter = |seed: u64| {
+        let (limiter, stop) = (Arc::clone(&limiter), Arc::clone(&stop));
+        let (granted, hung, last) = (Arc::clone(&granted), Arc::clone(&hung), Arc::clone(&last));
+        async move {
+            let mut rng = Rng::new(seed);
+            while !stop.load(Ordering::Relaxed) {
+                // Served within 2 ms at this rate and demand, on an idle
+                // machine: half a second is a hang.
+                match tokio::time::timeout(Duration::from_millis(500), limiter.acquire()).await {
+                    Ok(Ok(())) => {
+                        granted.fetch_add(1, Ordering::Relaxed);
+                        let mut last = last.lock().unwrap();
+                        *last = (*last).max(Instant::now());
+                    }
+                    Ok(Err(error)) => panic!("refused: {error}"),
+                    Err(_) => {
+                        hung.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                // 0 to 2 ms (on the 1 ms timer): about the rate's 0.5 ms
+                // per grant times the waiters, so the queue often empties.
+                let pause = Duration::from_micros(rng.below(2_000));
+                tokio::time::sleep(pause).await;
+            }
+        }
+    };
+    let on_a: Vec<_> = (0..PER_RUNTIME)
+        .map(|i| rt_a.spawn(waiter(i as u64 + 1)))
+        .collect();
+    let on_b: Vec<_> = (0..PER_RUNTIME)
+        .map(|i| rt_b.spawn(waiter(i as u64 + 101)))
+        .collect();
+    std::thread::sleep(RUN / 2);
+    // Runtime A goes, its waiters dropped mid-wait (they give back their
+    // places) and perhaps the actor with them.
+    drop(on_a);
+    rt_a.shutdown_timeout(Duration::from_secs(1));
+    let before_b_alone = granted.load(Ordering::Relaxed);
+    std::thread::sleep(RUN / 2);
+    stop.store(true, Ordering::Relaxed);
+    rt_b.block_on(async {
+        for task in on_b {
+            task.await.unwrap();
+        }
+    });
+    let (granted, hung) = (
+        granted.load(Ordering::Relaxed),
+        hung.load(Ordering::Relaxed),
+    );
+    assert_eq!(hung, 0, "waiters left waiting for an actor");
+    assert!(
+        granted > before_b_alone + 50,
+        "runtime B's waiters stalled once A was gone: {granted} after {before_b_alone}"
+    );
+    let span = *last.lock().unwrap() - origin + WAITER_SLACK;
+    let bound = 1 + per(2_000, span);
+    assert!(granted <= bound, "granted {granted} > {bound} in {span:?}");
+    assert_eq!(limiter.stats().granted, granted, "counters");
+}

@@ -600,24 +600,57 @@ fn alive() -> usize {
         .num_alive_tasks()
 }
 
+/// An idle bucket holds no task: the actor is spawned by the first waiter
+/// and ends once nobody waits — served, cancelled, or closed.
 #[tokio::test(start_paused = true)]
-async fn actor_exits_when_the_last_handle_is_dropped() {
+async fn the_actor_runs_only_while_someone_waits() {
     let before = alive();
-    let b = bucket(Rate::per_second(1), 1);
-    let clone = b.clone();
+    let b = bucket(Rate::per_second(10), 1);
     settle().await;
+    assert_eq!(alive(), before, "built: no task");
+    b.try_acquire().unwrap();
+    assert_eq!(alive(), before, "a meter call spawns nothing");
+    // A waiter starts it; served, it ends.
+    let mut w = task::spawn(b.acquire());
+    assert_pending!(w.poll());
     assert_eq!(alive(), before + 1);
+    time::advance(ms(100)).await;
+    settle().await;
+    assert!(w.is_woken());
+    assert_ready_ok!(w.poll());
+    drop(w);
+    assert_eq!(alive(), before, "served: the actor ended");
+    // Again: a new waiter starts a new one; cancelled, it ends.
+    let mut w = task::spawn(b.acquire());
+    assert_pending!(w.poll());
+    let mut second = task::spawn(b.acquire());
+    assert_pending!(second.poll());
+    settle().await;
+    assert_eq!(alive(), before + 1, "one actor for the whole queue");
+    drop(w);
+    drop(second);
+    settle().await;
+    assert_eq!(alive(), before, "cancelled: the actor ended");
+    assert_eq!(
+        b.try_acquire(),
+        Err(TryAcquireError::Limited {
+            retry_after: ms(100)
+        }),
+        "the cancelled waiters gave back their tokens"
+    );
+    // A waiter in line while the handle is dropped keeps its actor.
+    let clone = b.clone();
+    let mut w = task::spawn(clone.acquire());
+    assert_pending!(w.poll());
     drop(b);
+    time::advance(ms(100)).await;
     settle().await;
-    assert_eq!(alive(), before + 1, "a clone still holds the bucket");
-    // Even with a timer armed (a waiter came and went), it ends.
-    clone.try_acquire().unwrap();
-    {
-        let mut w = task::spawn(clone.acquire());
-        assert_pending!(w.poll());
-    }
+    assert_ready_ok!(w.poll());
+    drop(w);
     settle().await;
-    drop(clone);
+    assert_eq!(alive(), before);
+    // Closed with nobody waiting: nothing to end, nothing spawned.
+    clone.close();
     settle().await;
     assert_eq!(alive(), before);
 }

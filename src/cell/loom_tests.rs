@@ -11,7 +11,7 @@ use loom::thread;
 
 use super::*;
 use crate::Rate;
-use crate::engine::{Bucket, Grant, Queue};
+use crate::engine::{Bucket, Configured, Grant, Queue};
 
 const MS: u128 = 1_000_000;
 
@@ -283,7 +283,7 @@ fn loom_refund_against_pours() {
     model(move || {
         let bucket = Arc::new(Bucket::new(p, 0, Release::Tokens));
         let cell = &bucket.cell;
-        let mut queue = Queue::<Bucket>::new(Rate::per_second(10));
+        let mut queue = Queue::<Bucket>::new(Configured::new(Rate::per_second(10)));
         assert!(matches!(
             cell.reserve(0, 2, Release::Tokens, None, Wait::Queue),
             Reserve::Ready(_)

@@ -45,12 +45,16 @@ pub(crate) const CREDIT_REACH: Duration = Duration::from_millis(4);
 
 /// The lock-free state of one bucket.
 ///
-/// The word sits alone on its cache line: every pour writes it, and the
-/// fields read on every call (the interval, the capacity, the origin) must
-/// not share its line, or a thread would miss on them each time another
-/// thread has poured.
+/// `repr(C)`: what every call reads comes first, in 48 bytes (the word,
+/// the interval, the capacity, the decoded origin), so the engine can keep
+/// the counters off its cache line (see `engine::Engine`). The word shares
+/// that line with the read-only fields: a thread that finds the word
+/// changed by another's pour misses on the line once, which it would on a
+/// word of its own line too. (It had a line of its own, and a bucket took
+/// 512 bytes.)
+#[repr(C)]
 pub(crate) struct Cell {
-    word: Line<AtomicU128>,
+    word: AtomicU128,
     num: AtomicU64,
     den: AtomicU64,
     capacity: u32,
@@ -59,19 +63,6 @@ pub(crate) struct Cell {
     /// since the origin, rounded down) in the high 64 bits, the time it was
     /// released in the low 64 bits; 0 for none.
     credit: AtomicU128,
-}
-
-/// A value alone on its cache line (64 bytes on the targets that matter;
-/// more alignment than needed elsewhere costs only space).
-#[repr(align(64))]
-struct Line<T>(T);
-
-impl<T> std::ops::Deref for Line<T> {
-    type Target = T;
-
-    fn deref(&self) -> &T {
-        &self.0
-    }
 }
 
 /// A consistent view of the word and the interval it is expressed in.
@@ -103,7 +94,7 @@ pub(crate) enum Wait {
 impl Cell {
     pub(crate) fn new(params: Params, tat: u128, origin: Instant) -> Cell {
         Cell {
-            word: Line(AtomicU128::new(tat & TAT_MASK)),
+            word: AtomicU128::new(tat & TAT_MASK),
             num: AtomicU64::new(params.num()),
             den: AtomicU64::new(params.den()),
             capacity: params.capacity(),

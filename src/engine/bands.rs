@@ -20,6 +20,10 @@ use crate::algorithm::{Bands, PerBand, Placed, Release};
 use crate::{ConfigError, Peek, Quota, clock};
 
 /// The schedule over several bands.
+///
+/// Aligned to a cache line, so the engine's first counter stripe, which
+/// follows it, never shares a line its refusals read (see [`Engine`]).
+#[repr(align(64))]
 pub(crate) struct Banded {
     bands: Bands,
     quota: Quota,
@@ -172,8 +176,8 @@ impl Schedule for Banded {
 }
 
 impl Engine<Banded> {
-    /// Builds a bucket of several bands; with `spawn_actor`, its actor runs
-    /// on the current runtime.
+    /// Builds a bucket of several bands; with `spawn_actor`, one whose
+    /// waiters an actor wakes (built inside a runtime).
     pub(crate) fn start_bands(
         kind: Kind,
         quota: Quota,
@@ -182,11 +186,7 @@ impl Engine<Banded> {
         spawn_actor: bool,
     ) -> Result<Arc<Engine<Banded>>, ConfigError> {
         let bands = Bands::new(&quota.params()?);
-        let runtime = if spawn_actor {
-            Some(tokio::runtime::Handle::try_current().map_err(|_| ConfigError::NoRuntime)?)
-        } else {
-            None
-        };
+        let waking = Engine::<Banded>::waking(spawn_actor)?;
         let origin = clock::Origin::now();
         let banded = Banded {
             bands,
@@ -198,7 +198,7 @@ impl Engine<Banded> {
             published: Published::new(&bands.start(0, deficit)),
         };
         let tats = bands.start(0, deficit);
-        Ok(Engine::new(kind, banded, tats, runtime))
+        Ok(Engine::new(kind, banded, tats, waking))
     }
 
     pub(crate) fn quota(&self) -> Quota {

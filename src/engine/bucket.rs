@@ -20,11 +20,35 @@ use crate::cell::{Cell, Wait};
 use crate::{Band, BandState, ConfigError, Peek, Rate};
 
 /// The schedule over one GCRA cell.
+#[repr(C)]
 pub(crate) struct Bucket {
     pub(crate) cell: Cell,
     release: Release,
     /// Tokens a newly built bucket lacks (capacity − initial).
     fresh_deficit: u32,
+}
+
+/// The rate as configured (the cell keeps it reduced), in 16 bytes: a
+/// [`Rate`] also has room for why a float rate is invalid, which the rate
+/// of a built bucket never is.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Configured {
+    permits: u32,
+    period_nanos: u64,
+}
+
+impl Configured {
+    /// A validated rate.
+    pub(crate) fn new(rate: Rate) -> Configured {
+        Configured {
+            permits: rate.permits(),
+            period_nanos: rate.period_nanos(),
+        }
+    }
+
+    pub(crate) fn rate(self) -> Rate {
+        Rate::per(self.permits, Duration::from_nanos(self.period_nanos))
+    }
 }
 
 /// How a bucket engine is built.
@@ -78,8 +102,8 @@ impl Bucket {
 impl Schedule for Bucket {
     /// The end of the entry's reservation, in scaled units.
     type Turn = u128;
-    /// The rate as configured (the cell keeps it reduced).
-    type Books = Rate;
+    /// The rate as configured.
+    type Books = Configured;
     type View = View;
 
     fn capacity(&self) -> u32 {
@@ -112,7 +136,7 @@ impl Schedule for Bucket {
         }
     }
 
-    fn reserve(&self, _: &mut Rate, n: u32, max_wait: Option<Duration>) -> Reserve<u128> {
+    fn reserve(&self, _: &mut Configured, n: u32, max_wait: Option<Duration>) -> Reserve<u128> {
         // Read the clock under the lock: time may have passed while waiting
         // for it, and a stale `now` overstates the water (a shaper would
         // overflow wrongly).
@@ -127,7 +151,7 @@ impl Schedule for Bucket {
         // Each reservation ends after the one before it: always in order.
     }
 
-    fn view(&self, _: &Rate) -> View {
+    fn view(&self, _: &Configured) -> View {
         let s = self.cell.snapshot();
         View {
             params: s.params,
@@ -146,14 +170,14 @@ impl Schedule for Bucket {
         )
     }
 
-    fn granted(&self, _: &mut Rate, view: &View, end: &u128, n: u32) {
+    fn granted(&self, _: &mut Configured, view: &View, end: &u128, n: u32) {
         self.cell
             .note_late_release(&view.params, self.ready(view, *end, n), view.now);
     }
 
     fn withdraw<'a>(
         &self,
-        _: &mut Rate,
+        _: &mut Configured,
         view: &View,
         end: u128,
         n: u32,
@@ -170,7 +194,7 @@ impl Schedule for Bucket {
         true
     }
 
-    fn is_fresh(&self, _: &Rate) -> bool {
+    fn is_fresh(&self, _: &Configured) -> bool {
         let now_nanos = self.cell.now_nanos();
         let s = self.cell.snapshot();
         let now = s.params.scale_nanos(now_nanos);
@@ -178,30 +202,32 @@ impl Schedule for Bucket {
             && s.tat().max(now) == now + s.params.cost(self.fresh_deficit)
     }
 
-    fn available(&self, _: &Rate) -> Option<u32> {
+    fn available(&self, _: &Configured) -> Option<u32> {
         Some(self.free())
     }
 
-    fn debug_fields(&self, rate: &Rate, f: &mut fmt::DebugStruct<'_, '_>) {
-        f.field("rate", rate).field("capacity", &self.capacity());
+    fn debug_fields(&self, rate: &Configured, f: &mut fmt::DebugStruct<'_, '_>) {
+        f.field("rate", &rate.rate())
+            .field("capacity", &self.capacity());
     }
 }
 
 impl Engine<Bucket> {
-    /// Builds a bucket and, if asked, spawns its actor on the current
-    /// runtime.
+    /// Builds a bucket; with `spawn_actor`, one whose waiters an actor
+    /// wakes (built inside a runtime).
     pub(crate) fn start(setup: &Setup) -> Result<Arc<Engine<Bucket>>, ConfigError> {
-        let runtime = if setup.spawn_actor {
-            Some(tokio::runtime::Handle::try_current().map_err(|_| ConfigError::NoRuntime)?)
-        } else {
-            None
-        };
+        let waking = Engine::<Bucket>::waking(setup.spawn_actor)?;
         let bucket = Bucket::new(setup.params, setup.deficit, setup.release);
-        Ok(Engine::new(setup.kind, bucket, setup.rate, runtime))
+        Ok(Engine::new(
+            setup.kind,
+            bucket,
+            Configured::new(setup.rate),
+            waking,
+        ))
     }
 
     pub(crate) fn rate(&self) -> Rate {
-        self.lock().books
+        self.lock().books.rate()
     }
 
     /// Whole tokens / units of free room at this instant.
@@ -246,7 +272,7 @@ impl Engine<Bucket> {
                     *end = old.rescale(new, *end, now);
                 }
             });
-            queue.books = rate;
+            queue.books = Configured::new(rate);
             ((), true)
         });
         tracing::debug!(limiter = self.kind.name(), %rate, "rate changed");

@@ -56,10 +56,11 @@ use tokio::time::Instant;
 
 pub(crate) use crate::algorithm::Reserve;
 use crate::reservation::{Hold, Reservation};
-use crate::stats::{Counters, Stats};
+use crate::stats::{self, Stats, Stripe};
 use crate::{AcquireError, TryAcquireError, clock};
-use actor::Actor;
 pub(crate) use bands::Banded;
+#[cfg(test)]
+pub(crate) use bucket::Configured;
 pub(crate) use bucket::{Bucket, Setup};
 pub(crate) use buckets::BucketEngine;
 pub(crate) use queue::{Grant, Queue};
@@ -157,46 +158,71 @@ pub(crate) trait Schedule: Sized + Send + Sync + 'static {
 }
 
 /// How the waiters of an engine learn that their turn came.
-pub(crate) enum Waking<S: Schedule> {
-    /// A background actor keeps one timer for the whole queue (and each
-    /// waiter keeps its own should the actor panic).
-    Actor(Arc<Actor<S>>),
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Waking {
+    /// A background actor keeps one timer for the whole queue while someone
+    /// waits (and each waiter keeps its own should the actor panic).
+    Actor,
     /// Each waiter keeps its own timer: nothing is spawned.
     OwnTimers,
 }
 
 /// One limiter: its schedule, its waiters, and how they are woken.
+///
+/// # Layout
+///
+/// An idle bucket is this and nothing else (no task, no queue), so it is
+/// laid out by hand (`repr(C)`), for size and for two threads: what every
+/// `try_acquire` reads (the cell's word and interval, at the start of the
+/// schedule) and the two counter stripes (one written by each thread) must
+/// sit on three different cache lines, or a thread that is refused would
+/// make the other miss on every call. Padding each to a line would cost
+/// 256 bytes and an over-aligned allocation; instead the cold fields (the
+/// rest of the schedule, the queue's lock) are placed between them, far
+/// enough apart that no 16-byte-aligned allocation puts two of the three
+/// on one line. `layout_tests` checks the offsets.
+#[repr(C)]
 pub(crate) struct Engine<S: Schedule> {
     schedule: S,
+    /// The counters of the threads on the first stripe.
+    stripe_a: Stripe,
     queue: Mutex<Queue<S>>,
     kind: Kind,
-    waking: Waking<S>,
-    counters: Counters,
+    waking: Waking,
+    /// The counters of the threads on the second stripe.
+    stripe_b: Stripe,
 }
 
 impl<S: Schedule> Engine<S> {
-    /// Builds the engine; given a runtime, spawns its actor there (else
-    /// its waiters keep their own timers).
-    pub(crate) fn new(
-        kind: Kind,
-        schedule: S,
-        books: S::Books,
-        runtime: Option<tokio::runtime::Handle>,
-    ) -> Arc<Engine<S>> {
-        let engine = Arc::new_cyclic(|this| Engine {
+    /// Builds the engine. Nothing is spawned: an actor, if `waking` says
+    /// so, is started by the first waiter (see `actor.rs`).
+    pub(crate) fn new(kind: Kind, schedule: S, books: S::Books, waking: Waking) -> Arc<Engine<S>> {
+        Arc::new(Engine {
             schedule,
             queue: Mutex::new(Queue::new(books)),
             kind,
-            waking: match runtime {
-                Some(_) => Waking::Actor(Arc::new(Actor::new(this.clone()))),
-                None => Waking::OwnTimers,
-            },
-            counters: Counters::default(),
-        });
-        if let (Some(runtime), Waking::Actor(actor)) = (runtime, &engine.waking) {
-            engine.spawn_actor(actor, &runtime);
+            waking,
+            stripe_a: Stripe::default(),
+            stripe_b: Stripe::default(),
+        })
+    }
+
+    /// The waking of an engine that asks for an actor: its builder must be
+    /// inside a runtime (the documented contract, though the actor starts
+    /// only with the first waiter, on that waiter's runtime).
+    pub(crate) fn waking(actor: bool) -> Result<Waking, crate::ConfigError> {
+        if !actor {
+            return Ok(Waking::OwnTimers);
         }
-        engine
+        tokio::runtime::Handle::try_current()
+            .map(|_| Waking::Actor)
+            .map_err(|_| crate::ConfigError::NoRuntime)
+    }
+
+    /// The calling thread's counters.
+    #[inline]
+    fn counts(&self) -> &Stripe {
+        stats::pick(&self.stripe_a, &self.stripe_b)
     }
 
     pub(crate) fn kind(&self) -> Kind {
@@ -228,7 +254,7 @@ impl<S: Schedule> Engine<S> {
 
     /// Counters and the state now.
     pub(crate) fn stats(&self) -> Stats {
-        let (granted, refused) = self.counters.totals();
+        let (granted, refused) = stats::totals(&self.stripe_a, &self.stripe_b);
         let queue = self.lock();
         Stats {
             granted,
@@ -251,7 +277,7 @@ impl<S: Schedule> Engine<S> {
             if self.is_closed() {
                 return Err(TryAcquireError::Closed);
             }
-            self.counters.refused();
+            self.counts().refused();
             return Err(TryAcquireError::InsufficientCapacity);
         }
         if n == 0 {
@@ -263,12 +289,12 @@ impl<S: Schedule> Engine<S> {
         }
         match S::try_take(self, n) {
             Ok(()) => {
-                self.counters.granted(n);
+                self.counts().granted(n);
                 tracing::trace!(limiter = self.kind.name(), n, "granted");
                 Ok(())
             }
             Err(Some(retry_after)) => {
-                self.counters.refused();
+                self.counts().refused();
                 tracing::trace!(limiter = self.kind.name(), n, ?retry_after, "limited");
                 Err(TryAcquireError::Limited { retry_after })
             }
@@ -298,7 +324,7 @@ impl<S: Schedule> Engine<S> {
     /// Waits for `n` permits, in turn; `max_wait` bounds the wait (`None`:
     /// no bound). Fails at once when the turn would come too late.
     pub(crate) async fn acquire(
-        &self,
+        self: &Arc<Self>,
         n: u32,
         max_wait: Option<Duration>,
     ) -> Result<(), AcquireError> {
@@ -321,7 +347,7 @@ impl<S: Schedule> Engine<S> {
     }
 
     async fn wait(
-        &self,
+        self: &Arc<Self>,
         id: u64,
         max_wait: Option<Duration>,
         grant: Grant,
@@ -333,7 +359,7 @@ impl<S: Schedule> Engine<S> {
             Some(deadline) => clock::timeout_at(deadline, waiter)
                 .await
                 .unwrap_or_else(|_| {
-                    self.counters.refused();
+                    self.counts().refused();
                     Err(AcquireError::Timeout)
                 }),
             None => waiter.await,
@@ -353,7 +379,7 @@ impl<S: Schedule> Engine<S> {
             return Err(AcquireError::Closed);
         }
         if n > self.capacity() {
-            self.counters.refused();
+            self.counts().refused();
             return Err(AcquireError::InsufficientCapacity);
         }
         if n == 0 {
@@ -375,11 +401,14 @@ impl<S: Schedule> Engine<S> {
                     self.schedule.follow(&mut turn, ahead);
                 }
                 let (id, first) = queue.push(n, turn, grant);
-                drop(queue);
-                tracing::trace!(limiter = self.kind.name(), n, id, "queued");
+                let mut wakers = Vec::new();
                 if first {
-                    self.wake_actor();
+                    // Its timer must be re-armed for the new head.
+                    queue.wake_actor(&mut wakers);
                 }
+                drop(queue);
+                wake_all(wakers);
+                tracing::trace!(limiter = self.kind.name(), n, id, "queued");
                 Ok(Queued::Waiting(id))
             }
             Reserve::Ready(turn) if grant == Grant::Hold => {
@@ -398,7 +427,7 @@ impl<S: Schedule> Engine<S> {
     /// A held reservation is spent: it leaves the queue for good.
     pub(crate) fn commit(&self, id: u64) {
         let n = self.lock().commit(id);
-        self.counters.granted(n);
+        self.counts().granted(n);
         tracing::trace!(limiter = self.kind.name(), id, n, "reservation committed");
     }
 
@@ -406,17 +435,17 @@ impl<S: Schedule> Engine<S> {
     fn settle<T>(&self, n: u32, outcome: &Reserve<T>) -> Result<(), AcquireError> {
         match outcome {
             Reserve::Ready(_) => {
-                self.counters.granted(n);
+                self.counts().granted(n);
                 tracing::trace!(limiter = self.kind.name(), n, "granted");
                 Ok(())
             }
             Reserve::Overflow => {
-                self.counters.refused();
+                self.counts().refused();
                 tracing::debug!(limiter = self.kind.name(), n, "overflow: request discarded");
                 Err(AcquireError::Overflow)
             }
             Reserve::TooLong => {
-                self.counters.refused();
+                self.counts().refused();
                 Err(AcquireError::Timeout)
             }
             Reserve::Closed => Err(AcquireError::Closed),
@@ -444,17 +473,19 @@ impl<S: Schedule> Engine<S> {
             // Everyone behind moved forward: some may be due now, and the
             // timer (the actor's, or each waiter's own) must be re-armed.
             queue.grant_due(&self.schedule, &view, &mut wakers, None);
-            if !self.actor_running() {
+            if queue.actor_running() {
+                queue.wake_actor(&mut wakers);
+            } else {
                 queue.wake_pending(behind, &mut wakers);
             }
         }
         wake_all(wakers);
-        self.wake_actor();
     }
 
     /// Fails every waiter and every later call with `Closed`.
     pub(crate) fn close(&self) {
         let mut wakers = Vec::new();
+        let waiters;
         {
             let mut queue = self.lock();
             if queue.closed {
@@ -462,10 +493,11 @@ impl<S: Schedule> Engine<S> {
             }
             self.schedule.close();
             queue.close(&mut wakers);
+            waiters = wakers.len();
+            queue.wake_actor(&mut wakers);
         }
-        tracing::debug!(limiter = self.kind.name(), waiters = wakers.len(), "closed");
+        tracing::debug!(limiter = self.kind.name(), waiters, "closed");
         wake_all(wakers);
-        self.wake_actor();
     }
 
     /// Runs `change` on the schedule under the lock; if it says the turns
@@ -478,22 +510,16 @@ impl<S: Schedule> Engine<S> {
             if moved {
                 let view = self.schedule.view(&queue.books);
                 queue.grant_due(&self.schedule, &view, &mut wakers, None);
-                if !self.actor_running() {
+                if queue.actor_running() {
+                    queue.wake_actor(&mut wakers);
+                } else {
                     queue.wake_pending(0, &mut wakers);
                 }
             }
             result
         };
         wake_all(wakers);
-        self.wake_actor();
         result
-    }
-}
-
-impl<S: Schedule> Drop for Engine<S> {
-    fn drop(&mut self) {
-        // The actor holds only a `Weak`; this wakes it to find it gone.
-        self.wake_actor();
     }
 }
 
@@ -531,4 +557,64 @@ enum Queued {
     Ready(Option<u64>),
     /// It waits at this place in the queue.
     Waiting(u64),
+}
+
+#[cfg(test)]
+mod layout_tests {
+    use std::mem::{offset_of, size_of};
+
+    use super::*;
+
+    /// The cache lines bytes `[start, start + len)` of an allocation fall
+    /// on, for an allocation `phase` bytes past a line boundary.
+    fn lines(phase: usize, start: usize, len: usize) -> std::ops::RangeInclusive<usize> {
+        (phase + start) / 64..=(phase + start + len - 1) / 64
+    }
+
+    fn apart(a: &std::ops::RangeInclusive<usize>, b: &std::ops::RangeInclusive<usize>) -> bool {
+        a.end() < b.start() || b.end() < a.start()
+    }
+
+    /// An idle bucket's engine: 176 bytes, 192 with the `Arc`'s counts (a
+    /// 208-byte chunk from glibc's malloc); what every `try_acquire`
+    /// reads and each counter stripe on three different cache lines,
+    /// wherever a 16-byte-aligned allocator puts it.
+    #[test]
+    fn a_bucket_engine_is_small_and_its_hot_fields_are_on_three_lines() {
+        // `ArcInner`: two counts, then the engine.
+        const COUNTS: usize = 16;
+        assert_eq!(size_of::<Engine<Bucket>>(), 176);
+        assert_eq!(std::mem::align_of::<Engine<Bucket>>(), 16);
+        // The cell's word, interval, capacity and decoded origin.
+        let hot = COUNTS + offset_of!(Engine<Bucket>, schedule);
+        let hot_len = 48;
+        let a = COUNTS + offset_of!(Engine<Bucket>, stripe_a);
+        let b = COUNTS + offset_of!(Engine<Bucket>, stripe_b);
+        let stripe = size_of::<Stripe>();
+        for phase in [0, 16, 32, 48] {
+            let (h, a, b) = (
+                lines(phase, hot, hot_len),
+                lines(phase, a, stripe),
+                lines(phase, b, stripe),
+            );
+            assert!(
+                apart(&h, &a) && apart(&h, &b) && apart(&a, &b),
+                "{phase}: {h:?} {a:?} {b:?}"
+            );
+        }
+    }
+
+    /// The other schedules are aligned to a line: the first stripe starts
+    /// one, and the second is on the next.
+    #[test]
+    fn the_other_engines_keep_their_stripes_off_the_schedule() {
+        fn check<S: Schedule>() {
+            let a = offset_of!(Engine<S>, stripe_a);
+            let b = offset_of!(Engine<S>, stripe_b);
+            assert_eq!(a % 64, 0);
+            assert!(b / 64 > a / 64);
+        }
+        check::<Banded>();
+        check::<crate::smooth::SmoothSchedule>();
+    }
 }

@@ -23,6 +23,7 @@ use std::collections::VecDeque;
 use std::task::Waker;
 
 use super::Schedule;
+use super::actor::ActorSlot;
 
 /// What a request does with its permits once its turn comes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,21 +59,69 @@ struct Entry<T> {
 
 /// The entries of one limiter, and the schedule's books. Always used under
 /// the engine's lock.
+///
+/// An idle queue is sized for the idle case: what only waiting needs (the
+/// entries, the actor's slot) is in [`Waiting`], allocated with the first
+/// entry and freed once the last has left and no actor runs. A million idle
+/// buckets keep a null pointer each, not a million queues.
 pub(crate) struct Queue<S: Schedule> {
-    entries: VecDeque<Entry<S::Turn>>,
-    next_id: u64,
     pub(crate) closed: bool,
     /// The part of the schedule kept under the lock.
     pub(crate) books: S::Books,
+    waiting: Option<Box<Waiting<S::Turn>>>,
+}
+
+/// The part of a queue that exists only while someone waits.
+pub(super) struct Waiting<T> {
+    entries: VecDeque<Entry<T>>,
+    next_id: u64,
+    /// The background actor, if the engine has one (see `actor.rs`).
+    pub(super) actor: ActorSlot,
+    /// Actor tasks spawned since this was allocated (each task's number).
+    pub(super) runs: u32,
+    /// The last task whose future was dropped before it ended.
+    pub(super) dropped: Option<u32>,
+}
+
+impl<T> Default for Waiting<T> {
+    fn default() -> Self {
+        Waiting {
+            entries: VecDeque::new(),
+            next_id: 0,
+            actor: ActorSlot::Idle,
+            runs: 0,
+            dropped: None,
+        }
+    }
 }
 
 impl<S: Schedule> Queue<S> {
     pub(crate) fn new(books: S::Books) -> Queue<S> {
         Queue {
-            entries: VecDeque::new(),
-            next_id: 0,
             closed: false,
             books,
+            waiting: None,
+        }
+    }
+
+    /// The waiting part, if anyone waits (or an actor runs).
+    pub(super) fn waiting(&mut self) -> Option<&mut Waiting<S::Turn>> {
+        self.waiting.as_deref_mut()
+    }
+
+    fn entries(&self) -> impl Iterator<Item = &Entry<S::Turn>> {
+        self.waiting.iter().flat_map(|w| w.entries.iter())
+    }
+
+    /// Frees the waiting part once nothing in it is needed: no entry, and
+    /// no actor (a panicked one is remembered).
+    pub(super) fn tidy(&mut self) {
+        if self
+            .waiting
+            .as_ref()
+            .is_some_and(|w| w.entries.is_empty() && matches!(w.actor, ActorSlot::Idle))
+        {
+            self.waiting = None;
         }
     }
 
@@ -89,9 +138,10 @@ impl<S: Schedule> Queue<S> {
     }
 
     fn append(&mut self, n: u32, turn: S::Turn, state: State, grant: Grant) -> u64 {
-        let id = self.next_id;
-        self.next_id += 1;
-        self.entries.push_back(Entry {
+        let w = self.waiting.get_or_insert_with(Box::default);
+        let id = w.next_id;
+        w.next_id += 1;
+        w.entries.push_back(Entry {
             id,
             n,
             turn,
@@ -104,13 +154,23 @@ impl<S: Schedule> Queue<S> {
 
     /// The turn of the last entry.
     pub(crate) fn last(&self) -> Option<&S::Turn> {
-        self.entries.back().map(|e| &e.turn)
+        self.waiting
+            .as_ref()
+            .and_then(|w| w.entries.back())
+            .map(|e| &e.turn)
+    }
+
+    /// Removes the entry at `idx`.
+    fn remove(&mut self, idx: usize) -> Option<Entry<S::Turn>> {
+        let e = self.waiting.as_mut()?.entries.remove(idx);
+        self.tidy();
+        e
     }
 
     /// Removes a held reservation that is being spent; returns its permits.
     pub(crate) fn commit(&mut self, id: u64) -> u32 {
         match self.find(id) {
-            Some(idx) => self.entries.remove(idx).map_or(0, |e| e.n),
+            Some(idx) => self.remove(idx).map_or(0, |e| e.n),
             None => 0,
         }
     }
@@ -118,23 +178,26 @@ impl<S: Schedule> Queue<S> {
     /// Whether no entry at all (pending, or granted and not yet observed or
     /// still held) is in the queue.
     pub(crate) fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.entries().next().is_none()
     }
 
     /// Entries that have not proceeded yet.
     pub(crate) fn pending(&self) -> usize {
-        self.entries
-            .iter()
-            .filter(|e| e.state == State::Pending)
-            .count()
+        self.entries().filter(|e| e.state == State::Pending).count()
+    }
+
+    /// Whether an entry has not proceeded yet.
+    pub(crate) fn has_pending(&self) -> bool {
+        self.first_pending().is_some()
     }
 
     fn find(&self, id: u64) -> Option<usize> {
-        self.entries.binary_search_by_key(&id, |e| e.id).ok()
+        let w = self.waiting.as_ref()?;
+        w.entries.binary_search_by_key(&id, |e| e.id).ok()
     }
 
     fn first_pending(&self) -> Option<&Entry<S::Turn>> {
-        self.entries.iter().find(|e| e.state == State::Pending)
+        self.entries().find(|e| e.state == State::Pending)
     }
 
     /// When the first pending entry may proceed (`None`: nobody waits, or
@@ -155,8 +218,11 @@ impl<S: Schedule> Queue<S> {
         wakers: &mut Vec<Waker>,
         polling: Option<&Waker>,
     ) -> usize {
+        let Some(w) = self.waiting.as_mut() else {
+            return 0;
+        };
         let mut granted = 0;
-        for e in &mut self.entries {
+        for e in &mut w.entries {
             if e.state != State::Pending {
                 continue;
             }
@@ -179,11 +245,11 @@ impl<S: Schedule> Queue<S> {
     /// pending one, stores `waker` and returns its index (see
     /// [`turn`](Self::turn)).
     pub(crate) fn observe(&mut self, id: u64, waker: &Waker) -> Result<(State, u32), usize> {
-        let Some(idx) = self.find(id) else {
+        let (Some(idx), Some(w)) = (self.find(id), self.waiting.as_mut()) else {
             // Entries leave only when observed or withdrawn, by their owner.
             return Ok((State::Closed, 0));
         };
-        let e = &mut self.entries[idx];
+        let e = &mut w.entries[idx];
         match e.state {
             State::Pending => {
                 if !e.waker.as_ref().is_some_and(|w| w.will_wake(waker)) {
@@ -194,15 +260,19 @@ impl<S: Schedule> Queue<S> {
             State::Granted if e.grant == Grant::Hold => Ok((State::Granted, e.n)),
             state => {
                 let n = e.n;
-                self.entries.remove(idx);
+                self.remove(idx);
                 Ok((state, n))
             }
         }
     }
 
-    /// The turn and the permits of the entry at `idx`.
+    /// The turn and the permits of the entry at `idx` (an index
+    /// [`observe`](Self::observe) gave).
     pub(crate) fn turn(&self, idx: usize) -> (&S::Turn, u32) {
-        let e = &self.entries[idx];
+        let Some(w) = self.waiting.as_ref() else {
+            unreachable!("an index is only given for an entry in the queue")
+        };
+        let e = &w.entries[idx];
         (&e.turn, e.n)
     }
 
@@ -211,20 +281,20 @@ impl<S: Schedule> Queue<S> {
     /// when they moved forward.
     pub(crate) fn withdraw(&mut self, id: u64, schedule: &S, view: &S::View) -> Option<usize> {
         let idx = self.find(id)?;
-        let e = self.entries.remove(idx)?;
-        if e.state == State::Closed {
-            return None;
-        }
-        let behind = self.entries.range_mut(idx..).map(|e| &mut e.turn);
-        schedule
-            .withdraw(&mut self.books, view, e.turn, e.n, behind)
-            .then_some(idx)
+        let w = self.waiting.as_mut()?;
+        let e = w.entries.remove(idx)?;
+        let moved = e.state != State::Closed && {
+            let behind = w.entries.range_mut(idx..).map(|e| &mut e.turn);
+            schedule.withdraw(&mut self.books, view, e.turn, e.n, behind)
+        };
+        self.tidy();
+        moved.then_some(idx)
     }
 
     /// Marks every pending entry closed, collecting their wakers.
     pub(crate) fn close(&mut self, wakers: &mut Vec<Waker>) {
         self.closed = true;
-        for e in &mut self.entries {
+        for e in self.waiting.iter_mut().flat_map(|w| w.entries.iter_mut()) {
             if e.state == State::Pending {
                 e.state = State::Closed;
                 wakers.extend(e.waker.take());
@@ -236,7 +306,10 @@ impl<S: Schedule> Queue<S> {
     /// turn moved, or the actor is gone); each registers again when polled,
     /// so one that is already woken is not woken again.
     pub(crate) fn wake_pending(&mut self, from: usize, wakers: &mut Vec<Waker>) {
-        for e in self.entries.range_mut(from..) {
+        let Some(w) = self.waiting.as_mut() else {
+            return;
+        };
+        for e in w.entries.range_mut(from..) {
             if e.state == State::Pending {
                 wakers.extend(e.waker.take());
             }
@@ -245,7 +318,10 @@ impl<S: Schedule> Queue<S> {
 
     /// Every entry's turn, for a change of rate that moves them all.
     pub(crate) fn turns_mut(&mut self) -> impl Iterator<Item = &mut S::Turn> {
-        self.entries.iter_mut().map(|e| &mut e.turn)
+        self.waiting
+            .iter_mut()
+            .flat_map(|w| w.entries.iter_mut())
+            .map(|e| &mut e.turn)
     }
 }
 
@@ -264,7 +340,10 @@ mod tests {
     fn setup(capacity: u32) -> (Bucket, Queue<Bucket>) {
         let rate = Rate::every(Duration::from_millis(100));
         let params = Params::new(rate, capacity).unwrap();
-        (Bucket::new(params, 0, Release::Tokens), Queue::new(rate))
+        (
+            Bucket::new(params, 0, Release::Tokens),
+            Queue::new(crate::engine::Configured::new(rate)),
+        )
     }
 
     /// The first pending entry's turn, from the bucket's origin.

@@ -4,10 +4,12 @@
 
 use std::future::poll_fn;
 use std::pin::{Pin, pin};
+use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
 use tokio::time::{Instant, Sleep};
 
+use super::actor::Watch;
 use super::queue::{Grant, State};
 use super::{Engine, Schedule, wake_all};
 use crate::{AcquireError, clock};
@@ -15,7 +17,11 @@ use crate::{AcquireError, clock};
 impl<S: Schedule> Engine<S> {
     /// Waits for entry `id`'s turn (or the limiter's close). Dropped
     /// before that, it withdraws the entry.
-    pub(super) async fn wait_turn(&self, id: u64, grant: Grant) -> Result<(), AcquireError> {
+    pub(super) async fn wait_turn(
+        self: &Arc<Self>,
+        id: u64,
+        grant: Grant,
+    ) -> Result<(), AcquireError> {
         let mut entry = Withdraw {
             engine: self,
             id: Some(id),
@@ -29,7 +35,7 @@ impl<S: Schedule> Engine<S> {
     }
 
     fn poll_turn(
-        &self,
+        self: &Arc<Self>,
         id: u64,
         grant: Grant,
         cx: &mut Context<'_>,
@@ -39,17 +45,20 @@ impl<S: Schedule> Engine<S> {
         // Three times at most: the early timer may have fired, and a timer
         // armed for the turn that has fired means the turn has come.
         for _ in 0..3 {
-            let turn = match self.poll_entry(id, grant, cx.waker()) {
+            let (turn, watch) = match self.poll_entry(id, grant, cx.waker()) {
                 Ok(result) => return Poll::Ready(result),
-                Err(turn) => turn,
+                Err(pending) => pending,
             };
-            match self.actor_serves() {
-                Ok(true) => return Poll::Pending,
-                Ok(false) => {}
-                Err(error) => {
-                    self.cancel(id);
-                    return Poll::Ready(Err(error));
-                }
+            match watch {
+                Watch::Actor => return Poll::Pending,
+                Watch::Spawn(run) => match self.spawn_actor(run) {
+                    Ok(()) => return Poll::Pending,
+                    Err(error) => {
+                        self.cancel(id);
+                        return Poll::Ready(Err(error));
+                    }
+                },
+                Watch::OwnTimer => {}
             }
             // `None`: never due; only a withdrawal ahead or a close ends
             // the wait, and both wake it.
@@ -78,14 +87,15 @@ impl<S: Schedule> Engine<S> {
     }
 
     /// Polls entry `id`: its answer, or (still pending) the instant of its
-    /// turn, for waiters that keep their own timer. An entry that holds its
-    /// permits is counted as granted when committed, not here.
+    /// turn, for waiters that keep their own timer, and who wakes it. An
+    /// entry that holds its permits is counted as granted when committed,
+    /// not here.
     fn poll_entry(
         &self,
         id: u64,
         grant: Grant,
         waker: &Waker,
-    ) -> Result<Result<(), AcquireError>, Option<Instant>> {
+    ) -> Result<Result<(), AcquireError>, (Option<Instant>, Watch)> {
         let mut wakers = Vec::new();
         let outcome = {
             let mut queue = self.lock();
@@ -97,9 +107,12 @@ impl<S: Schedule> Engine<S> {
                     if self.schedule.is_due(&view, turn, n) {
                         // Its turn has come, whether or not the actor has run.
                         queue.grant_due(&self.schedule, &view, &mut wakers, Some(waker));
-                        Ok(queue.observe(id, waker).unwrap_or((State::Pending, 0)))
+                        queue
+                            .observe(id, waker)
+                            .map_err(|_| (Some(clock::now()), queue.watch(self.waking)))
                     } else {
-                        Err(self.schedule.instant(&view, turn, n))
+                        let at = self.schedule.instant(&view, turn, n);
+                        Err((at, queue.watch(self.waking)))
                     }
                 }
             }
@@ -108,14 +121,14 @@ impl<S: Schedule> Engine<S> {
         match outcome {
             Ok((State::Granted, n)) => {
                 if grant == Grant::Spend {
-                    self.counters.granted(n);
+                    self.counts().granted(n);
                 }
                 tracing::trace!(limiter = self.kind.name(), id, "granted after waiting");
                 Ok(Ok(()))
             }
             Ok((State::Closed, _)) => Ok(Err(AcquireError::Closed)),
-            Ok((State::Pending, _)) => Err(Some(clock::now())),
-            Err(at) => Err(at),
+            Ok((State::Pending, _)) => unreachable!("a pending entry is observed by its index"),
+            Err(pending) => Err(pending),
         }
     }
 }

@@ -36,10 +36,11 @@ impl<K, L> Clone for Make<K, L> {
 /// A limiter per key, built on first use from a factory.
 ///
 /// For any `L: Limiter + Clone` — typically a [`TokenBucket`](crate::TokenBucket)
-/// per downstream host or tenant, with FIFO waiting per key. Meant for
-/// thousands of keys: each actor-backed limiter parks when idle, so idle
-/// keys cost memory, not CPU. For millions of keys (per user, per IP) use
-/// the one-word-per-key [`KeyedFunnel`](super::KeyedFunnel).
+/// per downstream host or tenant, with FIFO waiting per key. An idle key
+/// holds no task (a bucket's actor runs only while someone waits on it)
+/// and costs about 240 bytes with a `TokenBucket` or a `LeakyBucket`; for
+/// millions of keys (per user, per IP) that only need the meter, the
+/// one-word-per-key [`KeyedFunnel`](super::KeyedFunnel) costs about 30.
 ///
 /// A key's limiter is dropped when it reports itself
 /// [fresh](crate::Limiter::is_fresh) (indistinguishable from a newly built

@@ -51,4 +51,6 @@ mod schedule;
 mod warming_up;
 
 pub use bursty::{SmoothBursty, SmoothBurstyBuilder};
+#[cfg(test)]
+pub(crate) use schedule::Smooth as SmoothSchedule;
 pub use warming_up::{SmoothWarmingUp, SmoothWarmingUpBuilder};

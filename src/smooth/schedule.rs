@@ -20,11 +20,16 @@ use tokio::time::Instant;
 
 use crate::algorithm::{Reserve, SmoothState, Span, Undo};
 use crate::cell::{CREDIT_GRACE, CREDIT_REACH};
-use crate::engine::{Engine, Kind, Schedule};
+use crate::engine::{Engine, Kind, Schedule, Waking};
 use crate::{ConfigError, clock};
 
 /// The lock-free part of a smooth limiter.
-pub(super) struct Smooth {
+///
+/// Aligned to a cache line, so the engine's first counter stripe, which
+/// follows it, never shares the line its fast checks read (see
+/// `engine::Engine`).
+#[repr(align(64))]
+pub(crate) struct Smooth {
     /// Time zero of the state machine.
     origin: clock::Origin,
     /// Set under the lock; read without it on the fast checks.
@@ -37,7 +42,7 @@ pub(super) struct Smooth {
 }
 
 /// The state machine and its versions, under the engine's lock.
-pub(super) struct Books {
+pub(crate) struct Books {
     state: SmoothState,
     /// The version of `state`: the number of the change that produced it.
     version: u64,
@@ -49,7 +54,7 @@ pub(super) struct Books {
 }
 
 /// Where an entry lies, and what it takes to withdraw it.
-pub(super) struct Turn {
+pub(crate) struct Turn {
     /// Its place on the time line (moved back when an earlier entry is
     /// given back).
     span: Span,
@@ -309,7 +314,7 @@ impl Engine<Smooth> {
             versions: 0,
             credit_until: Duration::ZERO,
         };
-        Engine::new(kind, smooth, books, None)
+        Engine::new(kind, smooth, books, Waking::OwnTimers)
     }
 
     /// The stable rate, in permits per second.

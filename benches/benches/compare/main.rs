@@ -3,7 +3,7 @@
 //!
 //! Run with `cargo bench -p tokio-ratelimit-benches` (add scenario names
 //! after `--` to run only some: `calibration try threads pacing herd memory
-//! cancel bands`). `BENCH_QUICK=1` shortens every scenario, for a smoke test.
+//! resources cancel bands`). `BENCH_QUICK=1` shortens every scenario, for a smoke test.
 //!
 //! One module per scenario, each with its table and its targets
 //! (`calibration`, `try_acquire`, `threads`, `pacing`, `herd`, `memory`,
@@ -18,6 +18,7 @@ mod herd;
 mod memory;
 mod pacing;
 mod peers;
+mod resources;
 mod settings;
 mod threads;
 mod try_acquire;
@@ -73,6 +74,9 @@ fn main() {
     }
     if wanted("memory") {
         memory::memory(&rt, &set);
+    }
+    if wanted("resources") {
+        resources::resources(&rt, &set);
     }
     if wanted("cancel") {
         cancel::cancellation(&rt, &set);

@@ -331,8 +331,8 @@ pub(crate) fn memory(rt: &Runtime, set: &Settings) {
     t.note(
         "bytes: resident-memory delta (/proc/self/statm, heap trimmed before and, for the keyed maps, after filling) over the count. \
          Keyed: 1/s, burst 10⁷ (every check allowed, and every key stays active, so nothing is evicted); random keys by xorshift64 (included). \
-         Idle limiters: 100/s, capacity 10, one permit taken, then 2 s idle; \
-         TokenBucket includes its parked actor task.",
+         Idle limiters: 100/s, capacity 10, one permit taken, then 2 s idle, each boxed as `dyn Any` \
+         (a bucket holds no task while nobody waits; see scenario 9 for the per-resource figures).",
     );
     for note in keyed_notes {
         t.note(note);
