@@ -1,7 +1,8 @@
 //! Bandwidth (`io`): the reader and writer wrappers in paused time, at
 //! exact instants: throughput, bursts, what is charged (short writes,
 //! zero-length calls, end of file, errors), cancellation, sharing, quotas,
-//! closing, and limiters that cannot grant a chunk.
+//! a keyed limiter's key, funnels and smooth limiters, closing, and
+//! limiters that cannot grant a chunk.
 
 use std::collections::VecDeque;
 use std::io::{self, ErrorKind};
@@ -14,9 +15,10 @@ use async_trait::async_trait;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::time::{self, Instant};
 use tokio_ratelimit::io::{self as rio, RateLimitIoExt, RateLimitedRead, RateLimitedWrite};
+use tokio_ratelimit::keyed::Keyed;
 use tokio_ratelimit::{
-    AcquireError, ConfigError, LeakyBucket, Limiter, Quota, Rate, Reservation, TokenBucket,
-    TryAcquireError,
+    AcquireError, ConfigError, Funnel, LeakyBucket, Limiter, Quota, Rate, Reservation,
+    SmoothBursty, TokenBucket, TryAcquireError,
 };
 use tokio_test::{assert_pending, assert_ready, task};
 
@@ -573,4 +575,179 @@ async fn copy_bidirectional_limits_each_direction_by_its_own_limiter() {
     assert_eq!(at_client, (1500, ms(2000)));
     assert_eq!(proxy.await.unwrap().unwrap(), (3000, 1500));
     assert_eq!((up.stats().granted, down.stats().granted), (3000, 1500));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_keyed_limiters_key_is_a_budget_of_its_own() {
+    // 1000 B/s per user: user 1's two downloads share user 1's budget (in
+    // turns), user 2's is untouched by them.
+    let per_user: Keyed<u64, TokenBucket> = Keyed::builder()
+        .limiter(|| {
+            TokenBucket::builder()
+                .rate(Rate::per_second(1000))
+                .capacity(1000)
+                .build()
+        })
+        .build()
+        .unwrap();
+    let start = Instant::now();
+    let download = |budget: TokenBucket| async move {
+        let mut reader = tokio::io::repeat(0).take(1500).limited_read(budget);
+        let mut out = Vec::new();
+        reader.read_to_end(&mut out).await.unwrap();
+        (out.len(), start.elapsed())
+    };
+    let (a, b, c) = tokio::join!(
+        download(per_user.get(&1)),
+        download(per_user.get(&1)),
+        download(per_user.get(&2)),
+    );
+    // User 1: A's 1000 at once, and A queues its other 500 before B is
+    // first polled (due at 0.5 s), B's 1000 behind it (1.5 s), then B's
+    // 500 (2 s). User 2: 1000 at once, 500 at 0.5 s.
+    assert_eq!(
+        (a, b, c),
+        ((1500, ms(500)), (1500, ms(2000)), (1500, ms(500)))
+    );
+    // User 1's bucket is still in the map (empty, so not fresh) and was
+    // charged both downloads; user 2's, full again and unheld, may be gone.
+    assert_eq!(per_user.get(&1).stats().granted, 3000);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_funnel_and_a_smooth_limiter_meter_bytes_too() {
+    // A funnel (no task) starts empty of water: 1000 at once, then 1000/s.
+    let funnel = Funnel::builder()
+        .rate(Rate::per_second(1000))
+        .capacity(1000)
+        .build()
+        .unwrap();
+    let start = Instant::now();
+    let copied = rio::copy(
+        &mut tokio::io::repeat(0).take(3000),
+        &mut tokio::io::sink(),
+        funnel,
+    )
+    .await
+    .unwrap();
+    assert_eq!((copied, start.elapsed()), (3000, ms(2000)));
+
+    // Guava's SmoothBursty reports no bands and has no capacity: the chunk
+    // stays 16 KiB, and each chunk pays for the one before it (the first
+    // is free), so three chunks at 1024 B/s end when the second is paid.
+    let smooth = SmoothBursty::builder()
+        .permits_per_second(1024.0)
+        .build()
+        .unwrap();
+    let mut reader = tokio::io::repeat(0)
+        .take(3 * 16 * 1024)
+        .limited_read(smooth);
+    assert_eq!(reader.chunk(), 16 * KIB);
+    let start = Instant::now();
+    let copied = tokio::io::copy_buf(&mut reader, &mut tokio::io::sink())
+        .await
+        .unwrap();
+    assert_eq!((copied, start.elapsed()), (3 * 16 * 1024, ms(32_000)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn zero_bytes_per_permit_is_one_and_zero_max_chunk_is_one() {
+    let limiter = bytes(1000, 1000);
+    let mut reader =
+        RateLimitedRead::with_max_chunk(0, tokio::io::repeat(0).take(2000), limiter.clone())
+            .bytes_per_permit(0);
+    assert_eq!(reader.chunk(), 1);
+    let start = Instant::now();
+    let mut out = Vec::new();
+    reader.read_to_end(&mut out).await.unwrap();
+    assert_eq!((out.len(), start.elapsed()), (2000, ms(1000)));
+    assert_eq!(limiter.stats().granted, 2000);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_closed_limiter_fails_a_copy_at_once() {
+    let limiter = bytes(1000, 1000);
+    limiter.close();
+    let start = Instant::now();
+    let error = rio::copy(
+        &mut tokio::io::repeat(0).take(10),
+        &mut tokio::io::sink(),
+        limiter,
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::ConnectionAborted);
+    assert_eq!(start.elapsed(), Duration::ZERO);
+}
+
+#[test]
+fn a_rate_above_one_byte_per_nanosecond_needs_larger_permits() {
+    // 10⁹ bytes a second is the most a `Rate` counts; 1 GiB/s is counted
+    // in kibibytes instead (`bytes_per_permit(1024)`, tests/io_rate.rs).
+    assert!(Rate::per_second(1_000_000_000).validate().is_ok());
+    assert!(Rate::per_second(1 << 30).validate().is_err());
+    assert!(Rate::per_second(1 << 20).validate().is_ok());
+}
+
+/// A token bucket that counts the payments asked of it.
+struct Counting {
+    bucket: TokenBucket,
+    calls: std::sync::atomic::AtomicU32,
+}
+
+#[async_trait]
+impl Limiter for Counting {
+    async fn acquire_many(&self, n: u32) -> Result<(), AcquireError> {
+        self.calls
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.bucket.acquire_many(n).await
+    }
+    fn try_acquire_many(&self, n: u32) -> Result<(), TryAcquireError> {
+        self.bucket.try_acquire_many(n)
+    }
+    async fn acquire_timeout(&self, n: u32, timeout: Duration) -> Result<(), AcquireError> {
+        self.bucket.acquire_timeout(n, timeout).await
+    }
+    fn peek(&self, n: u32) -> Option<tokio_ratelimit::Peek> {
+        Some(self.bucket.peek(n))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn small_reads_and_writes_do_not_pay_a_round_each() {
+    // A caller reading one byte at a time: the wrapper reads a chunk (1000)
+    // from the reader underneath and pays for it once.
+    let counting = Arc::new(Counting {
+        bucket: bytes(1000, 1000),
+        calls: 0.into(),
+    });
+    let mut reader = tokio::io::repeat(0)
+        .take(4000)
+        .limited_read(Arc::clone(&counting));
+    let start = Instant::now();
+    let mut byte = [0; 1];
+    for _ in 0..4000 {
+        assert_eq!(reader.read(&mut byte).await.unwrap(), 1);
+    }
+    assert_eq!(start.elapsed(), ms(3000));
+    let calls = || counting.calls.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(calls(), 4);
+
+    // A writer of 100-byte writes, each permit worth 1000 bytes: one
+    // payment per ten writes.
+    let counting = Arc::new(Counting {
+        bucket: bytes(1000, 1000),
+        calls: 0.into(),
+    });
+    let mut writer = tokio::io::sink()
+        .limited_write(Arc::clone(&counting))
+        .bytes_per_permit(1000);
+    for _ in 0..100 {
+        writer.write_all(&[0; 100]).await.unwrap();
+    }
+    assert_eq!(
+        counting.calls.load(std::sync::atomic::Ordering::Relaxed),
+        10
+    );
+    assert_eq!(counting.bucket.stats().granted, 10);
 }

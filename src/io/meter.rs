@@ -1,4 +1,9 @@
 //! `Meter`: how a wrapper pays for its bytes, one chunk at a time.
+//!
+//! Words used here: a **permit** is the limiter's unit, worth `unit` bytes
+//! (one by default); a **chunk** is the most bytes one payment covers; the
+//! **credit** is bytes paid for and not yet spent on bytes read or
+//! written.
 
 use std::fmt;
 use std::future::Future;
@@ -12,68 +17,86 @@ use crate::{AcquireError, Limiter, TryAcquireError, clock};
 /// A payment in progress: the permits of one chunk, being waited for.
 type Paying = Pin<Box<dyn Future<Output = Result<(), AcquireError>> + Send>>;
 
-/// The limiter of one wrapper, the size of its chunks, and the chunk it is
-/// paying for.
+/// The limiter of one wrapper, the size of its chunks, its credit, and the
+/// chunk it is paying for.
 ///
-/// Invariant: `1 <= chunk <= max_chunk`, and `chunk` is at most the
-/// limiter's capacity as far as the meter knows it (its bands' smallest
-/// capacity when [`Limiter::peek`] reports bands; else learnt from
-/// `InsufficientCapacity`, halving).
+/// Invariants: `unit >= 1`; `1 <= capacity`, the most permits one payment
+/// asks for: the limiter's capacity as far as the meter knows it (its
+/// bands' smallest capacity when [`Limiter::peek`] reports bands; else
+/// learnt from `InsufficientCapacity`, halving); every byte spent was paid
+/// for (`spent <= permits granted × unit`), and the credit is topped up
+/// only once it is spent, so it stays below `chunk + unit`.
 pub(crate) struct Meter<L> {
     limiter: Arc<L>,
     max_chunk: u32,
-    chunk: u32,
-    /// The chunk being paid for (its size) and the wait for its permits.
-    /// Dropping it (with the wrapper) gives the permits back.
+    unit: u32,
+    capacity: u32,
+    credit: u64,
+    /// The permits being paid for and the wait for them. Dropping it (with
+    /// the wrapper) gives the permits back.
     paying: Option<(u32, Paying)>,
 }
 
 impl<L: Limiter + 'static> Meter<L> {
     pub(crate) fn new(limiter: L, max_chunk: u32) -> Meter<L> {
-        let max_chunk = max_chunk.max(1);
         let capacity = limiter
             .peek(0)
             .and_then(|peek| peek.bands().map(|state| state.band.capacity()).min())
             .unwrap_or(u32::MAX);
         Meter {
             limiter: Arc::new(limiter),
-            max_chunk,
-            chunk: max_chunk.min(capacity).max(1),
+            max_chunk: max_chunk.max(1),
+            unit: 1,
+            capacity: capacity.max(1),
+            credit: 0,
             paying: None,
         }
     }
 
-    /// Pays for up to `want` bytes (`want >= 1`): `Ready(Ok(n))` once `n`
-    /// permits (`1 <= n <= chunk`) are spent, `Pending` while they are
-    /// waited for. `n` may exceed `want` only when a payment started for a
-    /// larger `want` is still under way (a write cancelled and retried with
-    /// less); the caller keeps the surplus as credit.
-    pub(crate) fn poll_pay(&mut self, cx: &mut Context<'_>, want: usize) -> Poll<io::Result<u32>> {
+    /// Has bytes paid for, for up to `want` bytes (`want >= 1`):
+    /// `Ready(Ok(credit))`, `credit >= 1`, at once while credit is left;
+    /// else pays for the permits of `min(want, chunk)` bytes (rounded up to
+    /// whole permits), `Pending` while they are waited for. The credit may
+    /// exceed `want` (a permit of many bytes, or a payment started for a
+    /// larger `want` that was cancelled and retried with less): the caller
+    /// [`spend`](Self::spend)s what it uses, the rest stays.
+    pub(crate) fn poll_credit(
+        &mut self,
+        cx: &mut Context<'_>,
+        want: usize,
+    ) -> Poll<io::Result<u64>> {
         debug_assert!(want >= 1);
-        loop {
-            if let Some((n, paying)) = &mut self.paying {
-                let n = *n;
+        while self.credit == 0 {
+            if let Some((permits, paying)) = &mut self.paying {
+                let permits = *permits;
                 let result = ready!(paying.as_mut().poll(cx));
                 self.paying = None;
                 match result {
-                    Ok(()) => return Poll::Ready(Ok(n)),
-                    Err(AcquireError::InsufficientCapacity) => self.shrink(n)?,
+                    Ok(()) => self.credit = u64::from(permits) * u64::from(self.unit),
+                    Err(AcquireError::InsufficientCapacity) => self.shrink(permits)?,
                     Err(error) => return Poll::Ready(Err(io_error(error))),
                 }
             } else {
-                let n = u32::try_from(want).unwrap_or(u32::MAX).min(self.chunk);
+                let bytes = u64::try_from(want)
+                    .unwrap_or(u64::MAX)
+                    .min(self.chunk().into());
+                let permits = bytes.div_ceil(self.unit.into());
+                let permits = u32::try_from(permits)
+                    .unwrap_or(u32::MAX)
+                    .clamp(1, self.capacity);
                 let limiter = Arc::clone(&self.limiter);
-                self.paying = Some((n, Box::pin(pay(limiter, n))));
+                self.paying = Some((permits, Box::pin(pay(limiter, permits))));
             }
         }
+        Poll::Ready(Ok(self.credit))
     }
 
-    /// `n` permits exceed the limiter's capacity: pay in halves from now on.
-    fn shrink(&mut self, n: u32) -> io::Result<()> {
-        if n <= 1 {
+    /// `permits` exceed the limiter's capacity: pay in halves from now on.
+    fn shrink(&mut self, permits: u32) -> io::Result<()> {
+        if permits <= 1 {
             return Err(io_error(AcquireError::InsufficientCapacity));
         }
-        self.chunk = (n / 2).min(self.chunk);
+        self.capacity = (permits / 2).min(self.capacity);
         Ok(())
     }
 }
@@ -83,9 +106,34 @@ impl<L> Meter<L> {
         &self.limiter
     }
 
-    /// The most bytes one payment covers now.
+    /// Spends `bytes` of the credit (`bytes <= credit`, as
+    /// [`poll_credit`](Self::poll_credit) returned it).
+    pub(crate) fn spend(&mut self, bytes: usize) {
+        let bytes = u64::try_from(bytes).unwrap_or(u64::MAX);
+        debug_assert!(bytes <= self.credit, "spent more than was paid for");
+        self.credit -= bytes.min(self.credit);
+    }
+
+    /// Bytes paid for and not yet spent.
+    pub(crate) fn credit(&self) -> u64 {
+        self.credit
+    }
+
+    /// The most bytes one payment covers now: `max_chunk`, held to the
+    /// capacity's worth of bytes.
     pub(crate) fn chunk(&self) -> u32 {
-        self.chunk
+        let capacity_bytes = u64::from(self.capacity) * u64::from(self.unit);
+        u32::try_from(capacity_bytes.min(self.max_chunk.into())).unwrap_or(u32::MAX)
+    }
+
+    /// Bytes per permit.
+    pub(crate) fn unit(&self) -> u32 {
+        self.unit
+    }
+
+    /// Makes each permit worth `bytes` bytes (`0` is taken as `1`).
+    pub(crate) fn set_unit(&mut self, bytes: u32) {
+        self.unit = bytes.max(1);
     }
 }
 
@@ -96,9 +144,11 @@ impl<L> Meter<L> {
 /// will fit (`Limited { retry_after }`), and this sleeps until then and
 /// asks again. Nothing is held while it sleeps, so dropping it is free.
 async fn pay<L: Limiter + ?Sized>(limiter: Arc<L>, n: u32) -> Result<(), AcquireError> {
-    match limiter.acquire_many(n).await {
+    // `L`'s own method: through `Arc<L>`'s forwarding impl it would box a
+    // second future per payment.
+    match (*limiter).acquire_many(n).await {
         Err(AcquireError::Overflow) => loop {
-            match limiter.try_acquire_many(n) {
+            match (*limiter).try_acquire_many(n) {
                 Ok(()) => return Ok(()),
                 Err(TryAcquireError::Limited { retry_after }) => clock::sleep(retry_after).await,
                 Err(TryAcquireError::InsufficientCapacity) => {
@@ -114,7 +164,7 @@ async fn pay<L: Limiter + ?Sized>(limiter: Arc<L>, n: u32) -> Result<(), Acquire
 
 /// The I/O error for a limiter's refusal: the [`AcquireError`] inside
 /// (`error.get_ref()` and `downcast_ref` find it), under the kind
-/// [`io_error_kind`] gives.
+/// [`io_error_kind`](super::io_error_kind) gives.
 pub(crate) fn io_error(error: AcquireError) -> io::Error {
     io::Error::new(super::io_error_kind(error), error)
 }
@@ -122,8 +172,10 @@ pub(crate) fn io_error(error: AcquireError) -> io::Error {
 impl<L> fmt::Debug for Meter<L> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Meter")
-            .field("chunk", &self.chunk)
+            .field("chunk", &self.chunk())
             .field("max_chunk", &self.max_chunk)
+            .field("bytes_per_permit", &self.unit)
+            .field("credit", &self.credit)
             .field("paying", &self.paying.as_ref().map(|(n, _)| *n))
             .finish_non_exhaustive()
     }

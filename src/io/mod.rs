@@ -23,7 +23,19 @@
 //! No refill period: a read or write waits exactly as long as its bytes
 //! need (to the timer's 1 ms tick), and the long-run rate is the limiter's,
 //! exactly, since the limiter credits a wait that oversleeps its tick to
-//! the next one.
+//! the next one: moving `n` bytes through a bucket that starts full takes
+//! `(n - capacity) / rate`, rounded up to the next tick, however long the
+//! transfer (checked from 1 KiB/s to 10 GiB/s).
+//!
+//! # Faster than 10⁹ bytes a second
+//!
+//! A [`Rate`](crate::Rate) is at most one permit per nanosecond, 10⁹ a
+//! second: at one permit per byte, 0.93 GiB/s. For a faster link, count in
+//! larger permits: `bytes_per_permit(1024)` on either wrapper makes each
+//! permit a kibibyte (up to 0.93 TiB/s), and the limiter's rate and
+//! capacity are then in kibibytes. The bytes are still charged exactly: a
+//! payment is rounded up to whole permits, and what it paid for beyond the
+//! bytes moved is **credit** that the next read or write spends first.
 //!
 //! # Chunks
 //!
@@ -40,7 +52,10 @@
 //! while one payment per 16 KiB is cheap next to moving them. A chunk is
 //! also the grain of the output: at 64 KiB/s, bytes come in pieces of up
 //! to 16 KiB every 250 ms. For a smoother flow at low rates, choose a
-//! smaller `max_chunk` (or a smaller capacity).
+//! smaller `max_chunk` (or a smaller capacity). The other way round, each
+//! chunk that has to wait costs a timer wake (tens of microseconds of CPU
+//! on a small VM): a transfer of many megabytes a second that need not be
+//! smooth to the millisecond spends less CPU with a larger `max_chunk`.
 //!
 //! # Accounting
 //!
@@ -50,7 +65,12 @@
 //! * A write pays for one chunk before it writes (bytes handed to a writer
 //!   are gone); a short write keeps the rest as credit for the next write,
 //!   so a writer that takes 100 bytes at a time is charged 100 bytes at a
-//!   time. Credit is less than one chunk, and it is lost with the wrapper.
+//!   time. Credit is less than one chunk (plus one permit's bytes), and it
+//!   is lost with the wrapper.
+//! * So, at any moment, the bytes handed out (read) or to the writer
+//!   underneath (written) are at most the permits granted times the bytes
+//!   per permit; the difference is the credit (and, for a reader, bytes
+//!   paid for in its buffer that the caller has not taken yet).
 //! * A zero-length read or write costs nothing.
 //! * Backpressure is `Poll::Pending`: a wrapper waiting for permits is
 //!   woken by the limiter when they come, never polled in a loop.
@@ -64,6 +84,38 @@
 //! a limiter that cannot grant even one byte (capacity zero) is
 //! [`InvalidInput`](io::ErrorKind::InvalidInput). Errors of the reader or
 //! writer underneath pass through as they are.
+//!
+//! # Streams of bytes
+//!
+//! A stream of byte chunks (`Vec<u8>`, `Bytes`, anything with a length)
+//! needs no type of its own:
+//! [`rate_limited_by`](crate::stream::RateLimitStreamExt::rate_limited_by)
+//! pays for each chunk by its length, after pulling it and before yielding
+//! it, in the limiter's FIFO queue:
+//!
+//! ```
+//! use std::time::Duration;
+//! use futures::{StreamExt, stream};
+//! use tokio::time::Instant;
+//! use tokio_ratelimit::{Rate, TokenBucket, stream::RateLimitStreamExt};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() {
+//! let bytes = TokenBucket::builder().rate(Rate::per_second(64 * 1024)).capacity(16 * 1024).build().unwrap();
+//! let chunks = stream::iter((0..8).map(|_| vec![0u8; 16 * 1024]));
+//! let start = Instant::now();
+//! let paced: Vec<_> = chunks.rate_limited_by(bytes, |chunk| chunk.len() as u32).collect().await;
+//! assert!(paced.iter().all(Result::is_ok));
+//! assert_eq!(start.elapsed(), Duration::from_millis(1750)); // the first chunk at once
+//! # }
+//! ```
+//!
+//! It does not split a chunk: one larger than the limiter's capacity is
+//! handed back refused (`InsufficientCapacity`), so give the bucket room
+//! for the largest chunk. To split chunks, or to count in larger permits,
+//! go through a reader: `tokio_util::io::StreamReader` turns the stream
+//! into an `AsyncRead` for a [`RateLimitedRead`], and `ReaderStream` turns
+//! that back into a stream.
 //!
 //! # Examples
 //!

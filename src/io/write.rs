@@ -22,9 +22,10 @@ pin_project! {
     /// the writer underneath at most what it paid for. When that writer
     /// takes fewer (a short write), the rest stays paid, as **credit** the
     /// next write spends first; so every byte paid for is written, except
-    /// the credit left when the wrapper is dropped (less than one chunk). A
-    /// zero-length write passes through and costs nothing. Reads, if the
-    /// writer underneath is also a reader, pass through unlimited.
+    /// the credit left when the wrapper is dropped (less than one chunk,
+    /// plus one permit's bytes). A zero-length write passes through and
+    /// costs nothing. Reads, if the writer underneath is also a reader,
+    /// pass through unlimited.
     ///
     /// # Cancel safety
     ///
@@ -58,8 +59,6 @@ pin_project! {
         #[pin]
         inner: W,
         meter: Meter<L>,
-        // Bytes paid for and not yet written.
-        credit: u32,
     }
 }
 
@@ -103,7 +102,6 @@ impl<W, L: Limiter + 'static> RateLimitedWrite<W, L> {
         RateLimitedWrite {
             inner,
             meter: Meter::new(limiter, max_chunk),
-            credit: 0,
         }
     }
 }
@@ -130,15 +128,52 @@ impl<W, L> RateLimitedWrite<W, L> {
     }
 
     /// The most bytes paid for at a time: the `max_chunk` asked for, held
-    /// to the limiter's capacity.
+    /// to the limiter's capacity (times
+    /// [`bytes_per_permit`](Self::bytes_per_permit)).
     pub fn chunk(&self) -> u32 {
         self.meter.chunk()
     }
 
-    /// Bytes paid for and not yet written (after a short write); the next
-    /// write spends them first.
-    pub fn credit(&self) -> u32 {
-        self.credit
+    /// Makes each of the limiter's permits pay for `bytes` bytes (one by
+    /// default; `0` is taken as `1`), for links faster than a
+    /// [`Rate`](crate::Rate) can count in bytes (see
+    /// [`RateLimitedRead::bytes_per_permit`](super::RateLimitedRead::bytes_per_permit)).
+    /// A payment is rounded up to whole permits; what it paid for beyond
+    /// the bytes written is [`credit`](Self::credit).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokio::io::AsyncWriteExt;
+    /// use tokio::time::Instant;
+    /// use tokio_ratelimit::{Rate, TokenBucket, io::RateLimitIoExt};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> std::io::Result<()> {
+    /// // 1000 permits of 1 KiB a second, bursts of one.
+    /// let kib = TokenBucket::builder().rate(Rate::per_second(1000)).capacity(1).build().unwrap();
+    /// let mut writer = tokio::io::sink().limited_write(kib).bytes_per_permit(1024);
+    /// let start = Instant::now();
+    /// writer.write_all(&[0; 100]).await?; // one permit: 1024 bytes paid
+    /// assert_eq!(writer.credit(), 924);
+    /// writer.write_all(&[0; 2000]).await?; // 924 from the credit, then two permits
+    /// assert_eq!(writer.credit(), 972);
+    /// assert_eq!(start.elapsed(), Duration::from_millis(2));
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn bytes_per_permit(mut self, bytes: u32) -> Self {
+        self.meter.set_unit(bytes);
+        self
+    }
+
+    /// Bytes paid for and not yet written (after a short write, or from a
+    /// payment rounded up to whole permits); the next write spends them
+    /// first.
+    pub fn credit(&self) -> u64 {
+        self.meter.credit()
     }
 
     /// The writer underneath. The permits of a payment in progress go back
@@ -158,14 +193,12 @@ impl<W: AsyncWrite, L: Limiter + 'static> AsyncWrite for RateLimitedWrite<W, L> 
         if buf.is_empty() {
             return this.inner.poll_write(cx, buf); // costs nothing
         }
-        if *this.credit == 0 {
-            *this.credit = ready!(this.meter.poll_pay(cx, buf.len()))?;
-        }
-        let offered = buf.len().min(*this.credit as usize);
+        let credit = ready!(this.meter.poll_credit(cx, buf.len()))?;
+        let offered = buf.len().min(usize::try_from(credit).unwrap_or(usize::MAX));
         let written = ready!(this.inner.poll_write(cx, &buf[..offered]))?;
-        // `written <= offered <= credit`, from any writer that keeps
-        // `poll_write`'s contract.
-        *this.credit -= u32::try_from(written.min(offered)).expect("at most the credit, a u32");
+        // `written <= offered <= credit` from any writer that keeps
+        // `poll_write`'s contract; one that claims more is charged no more.
+        this.meter.spend(written.min(offered));
         Poll::Ready(Ok(written))
     }
 
@@ -205,7 +238,6 @@ impl<W: fmt::Debug, L> fmt::Debug for RateLimitedWrite<W, L> {
         f.debug_struct("RateLimitedWrite")
             .field("inner", &self.inner)
             .field("meter", &self.meter)
-            .field("credit", &self.credit)
             .finish_non_exhaustive()
     }
 }
