@@ -208,7 +208,9 @@ impl<St: Stream> Stream for Throttled<St> {
         if this.reservation.is_none() {
             let waiting = this.waiting.get_or_insert_with(|| {
                 let limiter = Arc::clone(this.limiter);
-                Box::pin(async move { limiter.reserve(1).await })
+                // `L`'s own method: through `Arc<L>`'s forwarding impl it
+                // would box a second future.
+                Box::pin(async move { (*limiter).reserve(1).await })
             });
             let reserved = std::task::ready!(waiting.as_mut().poll(cx));
             *this.waiting = None;
@@ -303,7 +305,10 @@ where
             };
             let n = (this.weight)(&item);
             let limiter = Arc::clone(this.limiter);
-            *this.waiting = Some((item, Box::pin(async move { limiter.acquire_many(n).await })));
+            *this.waiting = Some((
+                item,
+                Box::pin(async move { (*limiter).acquire_many(n).await }),
+            ));
         }
         let (_, acquire) = this.waiting.as_mut().expect("set above");
         let granted = std::task::ready!(acquire.as_mut().poll(cx));

@@ -156,7 +156,9 @@ where
             match state {
                 State::Idle => {
                     let limiter = Arc::clone(&self.limiter);
-                    *state = State::Reserving(Box::pin(async move { limiter.reserve(1).await }));
+                    // `L`'s own method (through `Arc<L>`'s impl it would box
+                    // a second future).
+                    *state = State::Reserving(Box::pin(async move { (*limiter).reserve(1).await }));
                 }
                 State::Reserving(reserving) => match reserving.as_mut().poll(cx) {
                     Poll::Pending => return Poll::Pending,
