@@ -11,9 +11,9 @@
 
 use plotters::prelude::*;
 
-use crate::engine::{Bucket, Replay};
-use crate::summary::coarsen;
-use crate::traffic::show_span;
+use super::engine::{Bucket, Replay};
+use super::summary::coarsen;
+use super::traffic::show_span;
 
 /// The most points one line gets.
 pub(crate) const POINTS: usize = 1200;
@@ -30,12 +30,11 @@ const OFFERED: RGBColor = RGBColor(190, 190, 190);
 /// plotters' drawing error, as text.
 pub(crate) fn svg(title: &str, replay: &Replay) -> Result<String, String> {
     let mut out = String::new();
-    draw(
-        SVGBackend::with_string(&mut out, SIZE).into_drawing_area(),
-        title,
-        replay,
-    )
-    .map_err(|e| e.to_string())?;
+    {
+        // The backend writes `out` when it is dropped.
+        let root = SVGBackend::with_string(&mut out, SIZE).into_drawing_area();
+        draw(&root, title, replay)?;
+    }
     Ok(out)
 }
 
@@ -66,8 +65,12 @@ fn colour(index: usize) -> RGBColor {
 }
 
 #[expect(clippy::cast_precision_loss, reason = "chart coordinates")]
+#[expect(
+    clippy::too_many_lines,
+    reason = "the two panels in the order they are drawn; apart, they would share a dozen values"
+)]
 fn draw<DB>(
-    root: DrawingArea<DB, plotters::coord::Shift>,
+    root: &DrawingArea<DB, plotters::coord::Shift>,
     title: &str,
     replay: &Replay,
 ) -> Result<(), String>

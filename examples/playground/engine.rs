@@ -25,8 +25,8 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_ratelimit::{AcquireError, ConfigError, TryAcquireError};
 
-use crate::spec::{Built, Meter, Spec, Waiter};
-use crate::traffic::{Arrival, Keys, Source, TraceError, Traffic};
+use super::spec::{Built, Meter, Spec, Waiter};
+use super::traffic::{Arrival, Keys, Source, TraceError, Traffic};
 
 /// Why a request was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,7 +75,7 @@ impl Refusal {
         }
     }
 
-    fn of_wait(error: &AcquireError) -> Refusal {
+    fn of_wait(error: AcquireError) -> Refusal {
         match error {
             AcquireError::Overflow => Refusal::Overflow,
             AcquireError::InsufficientCapacity => Refusal::TooLarge,
@@ -241,7 +241,7 @@ pub(crate) fn replay(
 ) -> Result<Replay, ReplayError> {
     let mut tallies: Vec<Option<Tally>> = vec![None; specs.len()];
     let (meters, waiters): (Vec<usize>, Vec<usize>) =
-        (0..specs.len()).partition(|&i| specs[i].mode == crate::spec::Mode::Try);
+        (0..specs.len()).partition(|&i| specs[i].mode == super::spec::Mode::Try);
     let mut seen = None;
     if !meters.is_empty() || waiters.is_empty() {
         let chosen: Vec<&Spec> = meters.iter().map(|&i| &specs[i]).collect();
@@ -403,7 +403,7 @@ fn replay_waiters(
             .collect();
         let mut source = traffic.open().map_err(ReplayError::Trace)?;
         let mut seen = Seen::default();
-        let clock = crate::Clock::new();
+        let clock = super::Clock::new();
         let pending = Arc::new((AtomicUsize::new(0), Notify::new()));
         while let Some(arrival) = next(&mut source, &mut seen, on_skip)? {
             clock.advance_to(Duration::from_nanos(arrival.at)).await;
@@ -417,7 +417,7 @@ fn replay_waiters(
                     let result = wait.await;
                     let waited = u64::try_from(issued.elapsed().as_nanos()).unwrap_or(u64::MAX);
                     progress.fetch_add(1, Ordering::Relaxed);
-                    let outcome = result.map(|()| waited).map_err(|e| Refusal::of_wait(&e));
+                    let outcome = result.map(|()| waited).map_err(Refusal::of_wait);
                     tally
                         .lock()
                         .expect("a tally's lock")

@@ -46,12 +46,12 @@
 //! of milliseconds, waits end on the tick (requests themselves are issued
 //! at their exact instants).
 
-mod chart;
-mod engine;
-mod spec;
-mod summary;
-mod tool;
-mod traffic;
+pub(crate) mod chart;
+pub(crate) mod engine;
+pub(crate) mod spec;
+pub(crate) mod summary;
+pub(crate) mod tool;
+pub(crate) mod traffic;
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;

@@ -6,6 +6,7 @@
 //! `acquire_many` (passes when its turn comes, or fails).
 
 use std::future::Future;
+use std::hash::{BuildHasherDefault, DefaultHasher};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -122,7 +123,7 @@ pub(crate) struct Spec {
     pub(crate) max_keys: Option<usize>,
     /// The token bucket's tokens at the start (default: full).
     pub(crate) initial: Option<u32>,
-    /// SmoothBursty's stored-permit horizon (default: capacity ÷ rate).
+    /// `SmoothBursty`'s stored-permit horizon (default: capacity ÷ rate).
     pub(crate) max_burst: Option<Duration>,
     pub(crate) warmup: Duration,
     pub(crate) cold_factor: f64,
@@ -169,7 +170,7 @@ impl Spec {
         let text = text.trim();
         let (name, knobs) = text.split_once(':').unwrap_or((text, ""));
         let mut spec = Spec::named(name.trim(), defaults)?;
-        spec.label = text.to_owned();
+        text.clone_into(&mut spec.label);
         let (mut rate, mut capacity, mut quota) = (None, None, None);
         for knob in knobs.split(',').map(str::trim).filter(|k| !k.is_empty()) {
             let (key, value) = knob
@@ -195,7 +196,7 @@ impl Spec {
                     spec.max_burst = Some(parse_span(value).map_err(bad)?);
                 }
                 "warmup" if spec.family == Family::Warmup => {
-                    spec.warmup = parse_span(value).map_err(bad)?
+                    spec.warmup = parse_span(value).map_err(bad)?;
                 }
                 "cold-factor" if spec.family == Family::Warmup => {
                     spec.cold_factor = match value.parse::<f64>() {
@@ -204,9 +205,9 @@ impl Spec {
                     };
                 }
                 "timeout" if spec.mode == Mode::Wait => {
-                    spec.timeout = Some(parse_span(value).map_err(bad)?)
+                    spec.timeout = Some(parse_span(value).map_err(bad)?);
                 }
-                "label" if !value.is_empty() => spec.label = value.to_owned(),
+                "label" if !value.is_empty() => value.clone_into(&mut spec.label),
                 _ => {
                     return Err(format!(
                         "'{knob}' is not a knob of '{}' (knobs: {KNOBS}; some are for one limiter only)",
@@ -364,9 +365,9 @@ pub(crate) fn show_rate(rate: Rate) -> String {
     let period = rate.period();
     let per_second = rate.permits_per_second();
     if period <= Duration::from_secs(1) || per_second.fract() == 0.0 {
-        format!("{}/s", crate::number(per_second))
+        format!("{}/s", super::number(per_second))
     } else {
-        format!("{}/{}", rate.permits(), crate::traffic::show_span(period))
+        format!("{}/{}", rate.permits(), super::traffic::show_span(period))
     }
 }
 
@@ -383,6 +384,14 @@ pub(crate) type Waiter = Arc<dyn Fn(u32, u32) -> Wait + Send + Sync>;
 /// One request's wait.
 pub(crate) type Wait = Pin<Box<dyn Future<Output = Result<(), AcquireError>> + Send>>;
 
+/// The keyed maps' hasher: `SipHash` with fixed keys rather than std's
+/// random ones. Keys come from the traffic, not from an attacker, and a
+/// replay must give the same answers on every run: with `max-keys`, whether
+/// a new key finds room depends on which shard it hashes to (only its
+/// shard is swept for drained keys), so a random hasher makes the number of
+/// `Unavailable` refusals vary from run to run.
+type Fixed = BuildHasherDefault<DefaultHasher>;
+
 /// A built limiter.
 pub(crate) enum Built {
     Meter(Meter),
@@ -395,7 +404,7 @@ impl Spec {
     pub(crate) fn build(&self) -> Result<Built, ConfigError> {
         match (self.family, self.per_key) {
             (Family::Funnel, true) => {
-                let mut builder = KeyedFunnel::<u32>::builder();
+                let mut builder = KeyedFunnel::<u32>::builder().hasher(Fixed::default());
                 builder.quota(self.quota).background_sweep(false);
                 if let Some(max) = self.max_keys {
                     builder.max_keys(max);
@@ -491,7 +500,7 @@ impl Spec {
     {
         // Fail now, not on every key's first request.
         drop(make()?);
-        let mut builder = Keyed::<u32, L>::builder();
+        let mut builder = Keyed::<u32, L>::builder().hasher(Fixed::default());
         builder.limiter(make).background_sweep(false);
         if let Some(max) = self.max_keys {
             builder.max_keys(max);

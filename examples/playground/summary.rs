@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::engine::{Bucket, Refusal, Replay, Tally};
-use crate::traffic::{Traffic, show_span};
+use super::engine::{Bucket, Refusal, Replay, Tally};
+use super::traffic::{Traffic, show_span};
 
 /// A granted request's wait at percentile `p` (0 < p ≤ 1), in nanoseconds.
 pub(crate) fn percentile(tally: &Tally, sorted_waits: &[u64], p: f64) -> Option<u64> {
@@ -84,7 +84,7 @@ pub(crate) fn coarsen(buckets: &[Bucket], by: usize) -> Vec<Bucket> {
 }
 
 fn ms(nanos: Option<u64>) -> String {
-    nanos.map_or_else(|| "-".to_owned(), |n| crate::show(Duration::from_nanos(n)))
+    nanos.map_or_else(|| "-".to_owned(), |n| super::show(Duration::from_nanos(n)))
 }
 
 fn percent(part: u64, whole: u64) -> String {
@@ -129,22 +129,17 @@ pub(crate) fn render(
         )?;
     }
     writeln!(out)?;
-    let width = replay
-        .tallies
-        .iter()
-        .map(|t| t.spec.label.len())
-        .fold("limiter".len(), usize::max);
     writeln!(
         out,
-        "   {:width$}  {:>10}  {:>10}  {:>10}  {:>8}  {:>10}  {:>10}  {:>10}",
-        "limiter", "passed", "waited", "refused", "refused", "wait p50", "wait p99", "wait max"
+        "   {:<3} {:>9} {:>9} {:>9} {:>9}  {:>9} {:>9} {:>9}  limiter",
+        "", "passed", "waited", "refused", "% refused", "wait p50", "wait p99", "wait max",
     )?;
-    for tally in &replay.tallies {
+    for (i, tally) in replay.tallies.iter().enumerate() {
         let [p50, p99, max] = waits(tally);
         writeln!(
             out,
-            "   {:width$}  {:>10}  {:>10}  {:>10}  {:>8}  {:>10}  {:>10}  {:>10}",
-            tally.spec.label,
+            "   {:<3} {:>9} {:>9} {:>9} {:>9}  {:>9} {:>9} {:>9}  {}",
+            format!("#{}", i + 1),
             tally.passed,
             tally.waited,
             tally.refused_total(),
@@ -152,6 +147,7 @@ pub(crate) fn render(
             ms(p50),
             ms(p99),
             ms(max),
+            tally.spec.label,
         )?;
     }
     writeln!(out)?;
@@ -169,7 +165,7 @@ pub(crate) fn render(
             .collect();
         writeln!(
             out,
-            "   #{} {}: {}, {}; {}",
+            "   #{} {}\n      {}, {}; {}",
             i + 1,
             tally.spec.label,
             tally.spec.call(),
@@ -225,7 +221,7 @@ fn render_rates(out: &mut impl fmt::Write, replay: &Replay) -> fmt::Result {
         let per_second = |count: u64| {
             #[expect(clippy::cast_precision_loss, reason = "a rate for people")]
             let rate = count as f64 / covered.as_secs_f64();
-            crate::number(rate)
+            super::number(rate)
         };
         let offered = rows[0].get(row).map_or(0, |b| b.offered);
         let mut line = format!(

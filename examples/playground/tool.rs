@@ -10,10 +10,10 @@ use std::time::Duration;
 use clap::CommandFactory as _;
 use clap::error::ErrorKind;
 
-use crate::engine::{self, Replay, ReplayError};
-use crate::spec::{self, Defaults, Spec};
-use crate::traffic::{Format, Generated, OnError, Pattern, Trace, TraceError, Traffic};
-use crate::{Config, Flags, MAX_SPAN};
+use super::engine::{self, Replay, ReplayError};
+use super::spec::{self, Defaults, Spec};
+use super::traffic::{Format, Generated, OnError, Pattern, Trace, TraceError, Traffic};
+use super::{Config, Flags, MAX_SPAN};
 
 /// The end of `--help`, after the demo's examples.
 pub(crate) const HELP: &str = "
@@ -168,6 +168,7 @@ pub(crate) fn on_error(value: &str) -> Result<OnError, String> {
 }
 
 /// `--traffic PATTERN[:KNOB=V,...]`.
+#[expect(clippy::too_many_lines, reason = "one arm per pattern, each short")]
 pub(crate) fn pattern(value: &str) -> Result<PatternSpec, String> {
     let (kind, knobs) = value.trim().split_once(':').unwrap_or((value.trim(), ""));
     let mut given: Vec<(&str, &str)> = Vec::new();
@@ -223,9 +224,8 @@ pub(crate) fn pattern(value: &str) -> Result<PatternSpec, String> {
             let size = whole(take("size").ok_or("'bursts' needs size=N")?, "size")?;
             let every = span_of(take("every"), "every")?;
             let width = match take("width") {
-                Some("0") => Duration::ZERO,
+                Some("0") | None => Duration::ZERO,
                 Some(w) => span(w).map_err(|e| format!("width={w}: {e}"))?,
-                None => Duration::ZERO,
             };
             if width > every {
                 return Err("width= must not be longer than every=".to_owned());
@@ -320,11 +320,11 @@ fn answer(plan: &Plan, replay: &Replay, elapsed: Duration) -> Result<(), String>
     let to_stdout = plan.json.as_deref().is_some_and(|p| p.as_os_str() == "-");
     if let Some(path) = &plan.svg {
         let title = format!("tokio-ratelimit playground: {}", plan.traffic.describe());
-        let svg = crate::chart::svg(&title, replay)?;
+        let svg = super::chart::svg(&title, replay)?;
         std::fs::write(path, svg).map_err(|e| format!("{}: {e}", path.display()))?;
     }
     if let Some(path) = &plan.json {
-        let mut value = crate::summary::json(&plan.traffic, replay, plan.top);
+        let mut value = super::summary::json(&plan.traffic, replay, plan.top);
         value["replay_seconds"] = serde_json::json!(elapsed.as_secs_f64());
         let text = serde_json::to_string_pretty(&value).expect("a JSON value prints") + "\n";
         if to_stdout {
@@ -335,7 +335,7 @@ fn answer(plan: &Plan, replay: &Replay, elapsed: Duration) -> Result<(), String>
     }
     if !to_stdout {
         let mut report = String::new();
-        crate::summary::render(&mut report, &plan.traffic, replay, plan.top)
+        super::summary::render(&mut report, &plan.traffic, replay, plan.top)
             .expect("formatting into a String");
         let _ = writeln!(
             report,

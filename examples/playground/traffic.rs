@@ -8,14 +8,14 @@
 //! whose timestamps go backwards is bad input.
 
 use std::collections::HashMap;
-use std::fmt;
+use std::fmt::{self, Write as _};
 use std::fs::File;
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use rand::rngs::SmallRng;
 use rand::{Rng as _, SeedableRng as _};
+use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution as _, Exp1, Zipf};
 
 /// One request of the traffic.
@@ -199,7 +199,9 @@ impl Traffic {
     /// call gives the same requests.
     pub(crate) fn open(&self) -> Result<Source, TraceError> {
         match self {
-            Traffic::Generated(generated) => Ok(Source::Generated(Generator::new(generated))),
+            Traffic::Generated(generated) => {
+                Ok(Source::Generated(Box::new(Generator::new(generated))))
+            }
             Traffic::Trace(trace) => Reader::open(trace).map(|r| Source::Trace(Box::new(r))),
         }
     }
@@ -235,18 +237,18 @@ impl Traffic {
                     }
                 };
                 if !matches!(g.pattern, Pattern::Constant { count: Some(_), .. }) {
-                    text += &format!(" for {}", show_span(g.duration));
+                    let _ = write!(text, " for {}", show_span(g.duration));
                 }
                 if g.keys > 1 {
-                    text += &format!(", over {} keys (Zipf {})", g.keys, num(g.skew));
+                    let _ = write!(text, ", over {} keys (Zipf {})", g.keys, num(g.skew));
                 }
                 if g.weight > 1 {
-                    text += &format!(", {} permits each", g.weight);
+                    let _ = write!(text, ", {} permits each", g.weight);
                 }
                 if !matches!(g.pattern, Pattern::Constant { .. } | Pattern::Bursts { .. })
                     || g.keys > 1
                 {
-                    text += &format!(", seed {}", g.seed);
+                    let _ = write!(text, ", seed {}", g.seed);
                 }
                 text
             }
@@ -258,7 +260,7 @@ impl Traffic {
 /// The requests of a traffic, in time order.
 #[derive(Debug)]
 pub(crate) enum Source {
-    Generated(Generator),
+    Generated(Box<Generator>),
     Trace(Box<Reader>),
 }
 
@@ -295,7 +297,7 @@ const NANOS_PER_SEC: f64 = 1e9;
 pub(crate) struct Generator {
     pattern: Pattern,
     end: u64,
-    rng: SmallRng,
+    rng: ChaCha8Rng,
     keys: Keys,
     zipf: Option<Zipf<f64>>,
     weight: u32,
@@ -315,7 +317,7 @@ impl Generator {
         Generator {
             pattern: g.pattern.clone(),
             end: nanos(g.duration),
-            rng: SmallRng::seed_from_u64(g.seed),
+            rng: ChaCha8Rng::seed_from_u64(g.seed),
             keys: Keys::generated(g.keys.max(1)),
             zipf,
             weight: g.weight,
@@ -325,6 +327,12 @@ impl Generator {
         }
     }
 
+    #[expect(
+        clippy::cast_precision_loss,
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "random gaps are floats; instants below 2^53 ns (104 days) are exact, later ones within 1 ns in 10^16"
+    )]
     fn next(&mut self) -> Option<Arrival> {
         let at = match self.pattern {
             Pattern::Constant { every, count } => {
@@ -396,6 +404,12 @@ impl Generator {
         })
     }
 
+    #[expect(
+        clippy::cast_precision_loss,
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "as in `next`"
+    )]
     fn before_end(&self) -> Option<u64> {
         (self.t < self.end as f64).then_some(self.t as u64)
     }
@@ -600,7 +614,7 @@ impl Reader {
             }
             (Some(Clock::Absolute { start }), Stamp::Absolute(ns)) => {
                 if ns < start {
-                    return Err(self.backwards(ns - start));
+                    return Err(backwards(ns - start));
                 }
                 u64::try_from(ns - start)
                     .map_err(|_| "more than 584 years after the first request".to_owned())?
@@ -625,15 +639,16 @@ impl Reader {
         self.last = Some((at, self.line));
         Ok(at)
     }
+}
 
-    fn backwards(&self, before_start: i128) -> String {
-        format!(
-            "the timestamp goes backwards: {} before the first request",
-            show_span(Duration::from_nanos(
-                u64::try_from(-before_start).unwrap_or(u64::MAX)
-            ))
-        )
-    }
+/// The message for a timestamp before the first request's.
+fn backwards(before_start: i128) -> String {
+    format!(
+        "the timestamp goes backwards: {} before the first request",
+        show_span(Duration::from_nanos(
+            u64::try_from(-before_start).unwrap_or(u64::MAX)
+        ))
+    )
 }
 
 /// A trace's timestamp.
@@ -742,7 +757,7 @@ fn parse_access_log(text: &str) -> Result<(Stamp, String, Option<u32>), String> 
 pub(crate) fn show_span(d: Duration) -> String {
     let nanos = d.as_nanos();
     if nanos < 1_000_000_000 {
-        return crate::show(d);
+        return super::show(d);
     }
     let secs = d.as_secs();
     if d.subsec_nanos() != 0 || secs < 60 {
@@ -754,14 +769,14 @@ pub(crate) fn show_span(d: Duration) -> String {
         (secs / 60 % 60, "m"),
         (secs % 60, "s"),
     ];
-    parts
-        .iter()
-        .filter(|(n, _)| *n > 0)
-        .map(|(n, unit)| format!("{n}{unit}"))
-        .collect()
+    let mut text = String::new();
+    for (n, unit) in parts.iter().filter(|(n, _)| *n > 0) {
+        let _ = write!(text, "{n}{unit}");
+    }
+    text
 }
 
 /// A float without a useless fraction (as the demo prints them).
 pub(crate) fn num(x: f64) -> String {
-    crate::number(x)
+    super::number(x)
 }
