@@ -64,12 +64,14 @@ fn arrivals(traffic: &Traffic) -> Vec<Arrival> {
     all
 }
 
-const SMALL: [&str; 5] = [
+const SMALL: [&str; 7] = [
     "--limiter",
     "funnel:rate=1,burst=2,per-key",
     "--limiter",
     "funnel:rate=1,burst=2",
     "--limiter=token:rate=1,burst=2",
+    "--limiter=token:rate=1,burst=2,per-key",
+    "--limiter=leaky:rate=1,burst=2,per-key",
 ];
 
 /// `tests/data/trace_small.csv` (and `.jsonl`, the same requests), worked
@@ -95,7 +97,8 @@ const SMALL: [&str; 5] = [
 ///
 /// Per key: 7 pass, 4 limited, 1 too large. One funnel for everybody: 0,
 /// 0.1, 1 and 2 pass (the same tat as alice's alone), 7 limited, 1 too
-/// large; the token bucket, starting full, is the same arithmetic.
+/// large; the token bucket, starting full, and the leaky bucket's meter
+/// are the same arithmetic, per key or not.
 #[test]
 fn the_small_trace_replays_to_the_counts_worked_out_by_hand() {
     for file in ["trace_small.csv", "trace_small.jsonl"] {
@@ -106,9 +109,19 @@ fn the_small_trace_replays_to_the_counts_worked_out_by_hand() {
         assert_eq!(replay.seen.requests, 12, "{file}");
         assert_eq!(replay.seen.keys.len(), 3, "{file}");
         assert_eq!(replay.seen.last, ms(3000), "{file}");
-        let [per_key, one, token] = &replay.tallies[..] else {
-            panic!("three tallies")
+        let [per_key, one, token, token_per_key, leaky_per_key] = &replay.tallies[..] else {
+            panic!("five tallies")
         };
+        // A full token bucket and a leaky bucket's meter per key: the
+        // funnel's arithmetic, so the same answers, cause by cause.
+        for tally in [token_per_key, leaky_per_key] {
+            assert_eq!(
+                tally.refused, per_key.refused,
+                "{file} {}",
+                tally.spec.label
+            );
+            assert_eq!(counts(tally), (7, 0, 5), "{file} {}", tally.spec.label);
+        }
         assert_eq!(counts(per_key), (7, 0, 5), "{file}");
         assert_eq!(refused(per_key, Refusal::Limited), 4, "{file}");
         assert_eq!(refused(per_key, Refusal::TooLarge), 1, "{file}");

@@ -83,8 +83,9 @@ pub(crate) fn coarsen(buckets: &[Bucket], by: usize) -> Vec<Bucket> {
         .collect()
 }
 
-fn ms(nanos: Option<u64>) -> String {
-    nanos.map_or_else(|| "-".to_owned(), |n| super::show(Duration::from_nanos(n)))
+/// A wait for people: `0ms`, `300ms`, `1.949s`, `1m50.34s`… (see `show_span`).
+fn wait(nanos: Option<u64>) -> String {
+    nanos.map_or_else(|| "-".to_owned(), |n| show_span(Duration::from_nanos(n)))
 }
 
 fn percent(part: u64, whole: u64) -> String {
@@ -144,9 +145,9 @@ pub(crate) fn render(
             tally.waited,
             tally.refused_total(),
             percent(tally.refused_total(), tally.requests),
-            ms(p50),
-            ms(p99),
-            ms(max),
+            wait(p50),
+            wait(p99),
+            wait(max),
             tally.spec.label,
         )?;
     }
