@@ -627,7 +627,11 @@ fn the_chart_is_well_formed_svg_with_one_series_per_limiter() {
     // with its legend entry, all in the limiter's own colour.
     let lines: Vec<(String, usize)> = doc
         .descendants()
-        .filter(|n| n.has_tag_name("polyline") && n.attribute("stroke-width") == Some("2"))
+        .filter(|n| {
+            // Not the axes and grid (black), not the offered traffic (grey).
+            n.has_tag_name("polyline")
+                && !matches!(n.attribute("stroke"), Some("#000000" | "#BEBEBE"))
+        })
         .map(|n| {
             let points = n
                 .attribute("points")

@@ -101,6 +101,13 @@ where
         .collect();
     let total = span * series.iter().map(Vec::len).max().unwrap_or(1) as f64;
     let (unit_name, unit_secs) = unit(total);
+    // Room above the data for the legend (a line per series, upper right).
+    let legend = 20.0 * (replay.tallies.len() as f64 + 1.0) + 24.0;
+    let headroom = 1.0 / (1.0 - (legend / f64::from(SIZE.1 * 11 / 20 - 100)).min(0.6));
+    // Lines drawn first are wider, so that two limiters that admit the same
+    // show as a line inside a wider one rather than one hiding the other.
+    let count = replay.tallies.len();
+    let width = |i: usize| u32::try_from(2 + (count - 1 - i).min(4)).unwrap_or(2);
     let x_max = total / unit_secs;
     // A point at the middle of its span, and the line closed at both ends.
     let x = |i: usize| (i as f64 + 0.5) * span / unit_secs;
@@ -122,7 +129,7 @@ where
                 .map(|(i, b)| rate(i, b.offered.max(b.admitted)))
         })
         .fold(1.0, f64::max)
-        * 1.1;
+        * headroom;
     let per = show_span(std::time::Duration::from_secs_f64(span));
     let mut rates = ChartBuilder::on(&upper)
         .caption(
@@ -151,7 +158,7 @@ where
             .enumerate()
             .map(|(j, b)| (x(j), rate(j, b.admitted)))
             .collect();
-        let style = colour(i).stroke_width(2);
+        let style = colour(i).stroke_width(width(i));
         rates
             .draw_series(LineSeries::new(points, style))
             .map_err(fail)?
@@ -171,7 +178,7 @@ where
         .iter()
         .flat_map(|s| s.iter().map(wait_ms))
         .fold(0.0, f64::max);
-    let w_top = if w_max > 0.0 { w_max * 1.1 } else { 1.0 };
+    let w_top = if w_max > 0.0 { w_max * headroom } else { 1.0 };
     let mut waits = ChartBuilder::on(&lower)
         .caption(
             if w_max > 0.0 {
@@ -198,7 +205,7 @@ where
             .enumerate()
             .map(|(j, b)| (x(j), wait_ms(b)))
             .collect();
-        let style = colour(i).stroke_width(2);
+        let style = colour(i).stroke_width(width(i));
         waits
             .draw_series(LineSeries::new(points, style))
             .map_err(fail)?

@@ -360,11 +360,13 @@ pub(crate) fn parse_span(value: &str) -> Result<Duration, String> {
         .ok_or_else(|| format!("'{value}' must be more than 0 and at most 584 years"))
 }
 
-/// A rate for people: `20/s`, `1/2s`, `10000/1d`.
+/// A rate for people, in the period it was given: `20/s`, `1/2s`,
+/// `600/1m`, `10000/1d`.
 pub(crate) fn show_rate(rate: Rate) -> String {
     let period = rate.period();
     let per_second = rate.permits_per_second();
-    if period <= Duration::from_secs(1) || per_second.fract() == 0.0 {
+    // A rate given per second may have been reduced (2/s is 1/500ms).
+    if period <= Duration::from_secs(1) {
         format!("{}/s", super::number(per_second))
     } else {
         format!("{}/{}", rate.permits(), super::traffic::show_span(period))
