@@ -567,7 +567,12 @@ fn bad_input_gets_a_message_naming_the_line() {
             (Ok(replay), Some(left)) => {
                 assert_eq!(replay.seen.requests, left, "{name}");
                 assert_eq!(heard.first(), Some(&expected), "{name}");
-                assert_eq!(heard.len(), replay.seen.skipped.len(), "{name}: heard once");
+                assert_eq!(
+                    heard.len() as u64,
+                    replay.seen.skipped,
+                    "{name}: heard once"
+                );
+                assert_eq!(replay.seen.skipped_first[0].to_string(), expected, "{name}");
                 assert!(replay.tallies.iter().all(|t| t.requests == left), "{name}");
             }
             (Err(ReplayError::Trace(error)), None) => {
@@ -576,6 +581,22 @@ fn bad_input_gets_a_message_naming_the_line() {
             (other, _) => panic!("{name}: {other:?}"),
         }
     }
+    // A trace longer than the tally keeps buckets for.
+    let long = TempTrace::new("long.csv", "0,a\n3000000,a\n");
+    let error = run(&plan(&["--trace", long.path(), "--limiter", "funnel"])).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "a request at 34d17h20m is past 2000000 buckets of 1s (--bucket): give a longer --bucket"
+    );
+    let plan_10s = plan(&[
+        "--trace",
+        long.path(),
+        "--bucket",
+        "10s",
+        "--limiter",
+        "funnel",
+    ]);
+    assert_eq!(run(&plan_10s).unwrap().seen.requests, 2);
     // A file that is not there.
     let missing = run(&plan(&[
         "--trace",
@@ -774,6 +795,10 @@ fn tool_flags_are_checked() {
             "unknown unit 'fortnight' in '1fortnight'",
         ),
         (&["--duration", "400d"], "must be at most 365 days"),
+        (
+            &["--traffic", "poisson:rate=1", "--duration", "30d"],
+            "--duration 30d is more than 2000000 buckets of --bucket 1s: give a longer --bucket",
+        ),
         (
             &["--format", "xml"],
             "expects auto, csv, jsonl or access-log",

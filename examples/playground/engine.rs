@@ -145,7 +145,11 @@ impl Tally {
     }
 
     fn bucket(&mut self, at: u64) -> &mut Bucket {
-        let index = usize::try_from(at / self.bucket_ns).expect("a bucket index fits");
+        // Arrivals are checked against the limit (see `next`); a grant after
+        // a wait that ends past it is counted in the last bucket.
+        let index = usize::try_from(at / self.bucket_ns)
+            .unwrap_or(usize::MAX)
+            .min(MAX_BUCKETS - 1);
         if index >= self.buckets.len() {
             self.buckets.resize(index + 1, Bucket::default());
         }
@@ -194,6 +198,12 @@ impl Tally {
     }
 }
 
+/// The most buckets a tally keeps (32 bytes each): 23 days of 1 s.
+pub(crate) const MAX_BUCKETS: usize = 2_000_000;
+
+/// How many bad lines are kept, to show.
+const SKIPPED_KEPT: usize = 20;
+
 /// The traffic as the replay saw it.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Seen {
@@ -202,7 +212,9 @@ pub(crate) struct Seen {
     pub(crate) last: u64,
     pub(crate) keys: Keys,
     /// Bad lines left out (`--on-error skip`).
-    pub(crate) skipped: Vec<TraceError>,
+    pub(crate) skipped: u64,
+    /// The first of them.
+    pub(crate) skipped_first: Vec<TraceError>,
 }
 
 /// Why a replay stopped.
@@ -211,6 +223,12 @@ pub(crate) enum ReplayError {
     /// A limiter that cannot be built: its label and the builder's error.
     Build(String, ConfigError),
     Trace(TraceError),
+    /// Traffic longer than [`MAX_BUCKETS`] buckets: the arrival's instant,
+    /// in nanoseconds.
+    TooLong {
+        at: u64,
+        bucket: Duration,
+    },
 }
 
 impl std::fmt::Display for ReplayError {
@@ -220,6 +238,13 @@ impl std::fmt::Display for ReplayError {
                 write!(f, "cannot build the limiter '{label}': {error}")
             }
             ReplayError::Trace(error) => write!(f, "{error}"),
+            ReplayError::TooLong { at, bucket } => write!(
+                f,
+                "a request at {} is past {MAX_BUCKETS} buckets of {} (--bucket): \
+                 give a longer --bucket",
+                super::traffic::show_span(Duration::from_nanos(*at)),
+                super::traffic::show_span(*bucket),
+            ),
         }
     }
 }
@@ -283,15 +308,27 @@ fn paused_runtime() -> tokio::runtime::Runtime {
 fn next(
     source: &mut Source,
     seen: &mut Seen,
+    bucket: Duration,
     on_skip: &mut dyn FnMut(&TraceError),
 ) -> Result<Option<Arrival>, ReplayError> {
     let mut skipped = |error: TraceError| {
         on_skip(&error);
-        seen.skipped.push(error);
+        seen.skipped += 1;
+        if seen.skipped_first.len() < SKIPPED_KEPT {
+            seen.skipped_first.push(error);
+        }
     };
     match source.next(&mut skipped) {
         None => Ok(None),
         Some(Err(error)) => Err(ReplayError::Trace(error)),
+        Some(Ok(arrival))
+            if u128::from(arrival.at) / bucket.as_nanos().max(1) >= MAX_BUCKETS as u128 =>
+        {
+            Err(ReplayError::TooLong {
+                at: arrival.at,
+                bucket,
+            })
+        }
         Some(Ok(arrival)) => {
             seen.requests += 1;
             seen.last = arrival.at;
@@ -326,7 +363,7 @@ fn replay_meters(
     let start = Instant::now();
     let mut now = 0u64;
     let mut next_settle = SECOND;
-    while let Some(arrival) = next(&mut source, &mut seen, on_skip)? {
+    while let Some(arrival) = next(&mut source, &mut seen, bucket, on_skip)? {
         if arrival.at > now {
             if arrival.at >= next_settle {
                 settle(&runtime, &entered);
@@ -405,7 +442,7 @@ fn replay_waiters(
         let mut seen = Seen::default();
         let clock = super::Clock::new();
         let pending = Arc::new((AtomicUsize::new(0), Notify::new()));
-        while let Some(arrival) = next(&mut source, &mut seen, on_skip)? {
+        while let Some(arrival) = next(&mut source, &mut seen, bucket, on_skip)? {
             clock.advance_to(Duration::from_nanos(arrival.at)).await;
             for (waiter, tally) in waiters.iter().zip(&tallies) {
                 pending.0.fetch_add(1, Ordering::Relaxed);

@@ -45,6 +45,25 @@
 //! tick at or after its turn: with an interval that is not a whole number
 //! of milliseconds, waits end on the tick (requests themselves are issued
 //! at their exact instants).
+//!
+//! # The tool
+//!
+//! Any of `--traffic`, `--trace`, `--limiter`, `--svg` or `--json` turns
+//! the demo into a replay of a whole traffic, answered with totals, rates
+//! per second, the keys most refused, a chart and JSON (`--help` has
+//! examples). One module per concern:
+//!
+//! | module | what it holds |
+//! |---|---|
+//! | `traffic` | generated patterns (seeded) and recorded traces, one arrival at a time |
+//! | `spec` | `--limiter NAME[:KNOB=V,…]`: a configuration, and building it |
+//! | `engine` | the replay: the meters' streaming pass, the waiters' task pass, the tallies |
+//! | `summary` | the text report and the JSON summary |
+//! | `chart` | the SVG chart (plotters) |
+//! | `tool` | the tool's flags and running it |
+//!
+//! This file is the demo: the table of limiters, the flags, the request-by-
+//! request replay (whose clock the waiters' pass reuses) and its report.
 
 pub(crate) mod chart;
 pub(crate) mod engine;

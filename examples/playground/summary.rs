@@ -121,12 +121,11 @@ pub(crate) fn render(
             String::new()
         },
     )?;
-    if !seen.skipped.is_empty() {
+    if let Some(first) = seen.skipped_first.first() {
         writeln!(
             out,
-            "{} bad lines left out (--on-error skip); the first: {}",
-            seen.skipped.len(),
-            seen.skipped[0]
+            "{} bad lines left out (--on-error skip); the first: {first}",
+            seen.skipped,
         )?;
     }
     writeln!(out)?;
@@ -316,7 +315,8 @@ pub(crate) fn json(traffic: &Traffic, replay: &Replay, top: usize) -> Value {
             "requests": seen.requests,
             "keys": seen.keys.len(),
             "last_arrival_s": Duration::from_nanos(seen.last).as_secs_f64(),
-            "skipped_lines": seen.skipped.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            "skipped_lines": seen.skipped,
+            "skipped_first": seen.skipped_first.iter().map(ToString::to_string).collect::<Vec<_>>(),
         },
         "bucket_s": replay.tallies.first().map(|t| t.bucket_width().as_secs_f64()),
         "limiters": limiters,

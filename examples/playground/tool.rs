@@ -12,7 +12,7 @@ use clap::error::ErrorKind;
 
 use super::engine::{self, Replay, ReplayError};
 use super::spec::{self, Defaults, Spec};
-use super::traffic::{Format, Generated, OnError, Pattern, Trace, TraceError, Traffic};
+use super::traffic::{Format, Generated, OnError, Pattern, Trace, TraceError, Traffic, show_span};
 use super::{Config, Flags, MAX_SPAN};
 
 /// The end of `--help`, after the demo's examples.
@@ -125,6 +125,17 @@ pub(crate) fn plan(flags: &Flags, config: &Config) -> Result<Plan, clap::Error> 
             weight: 1,
         }),
     };
+    if let Traffic::Generated(generated) = &traffic {
+        let buckets = generated.duration.as_nanos() / flags.bucket.as_nanos().max(1);
+        if buckets >= engine::MAX_BUCKETS as u128 && flags.traffic.is_some() {
+            return Err(invalid(format!(
+                "--duration {} is more than {} buckets of --bucket {}: give a longer --bucket",
+                show_span(generated.duration),
+                engine::MAX_BUCKETS,
+                show_span(flags.bucket),
+            )));
+        }
+    }
     Ok(Plan {
         traffic,
         specs,
