@@ -180,7 +180,12 @@ fn waits_per_key_are_exact_and_percentiles_are_nearest_rank() {
         &path,
         "--limiter",
         "token-wait:rate=1,burst=2,per-key",
+        "--limiter",
+        "funnel-wait:rate=1,burst=2,per-key",
     ]);
+    // The funnel waits for room as the full token bucket waits for tokens.
+    assert_eq!(replay.tallies[0].waits, replay.tallies[1].waits);
+    assert_eq!(replay.tallies[0].buckets, replay.tallies[1].buckets);
     let tally = &replay.tallies[0];
     assert_eq!(counts(tally), (4, 7, 1));
     assert_eq!(refused(tally, Refusal::TooLarge), 1);

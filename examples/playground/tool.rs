@@ -39,8 +39,8 @@ Examples, the tool (a whole traffic: totals, per-second rates, a chart, JSON):
               (timestamp/time/ts/t, key/client, weight/permits/n)
   jsonl       {\"t\": ..., \"key\": \"...\", \"weight\": 2} (t, ts, time or timestamp)
   access-log  Apache/nginx common or combined log format; the client host is the key
-  A timestamp is RFC 3339 (2026-12-01T10:00:00.250Z, any offset) or seconds from the
-  start (12.25); time starts at the first request. Timestamps must not go backwards.
+  A timestamp is RFC 3339 (2026-12-01T10:00:00.250Z, any offset; time starts at the
+  first request) or seconds from the start (12.25). Timestamps must not go backwards.
 
 --limiter NAME[:KNOB=V,...]: a name above (the demo's seven, plus funnel-wait,
   bursty-try, warmup-try), and knobs: rate=R (per second, or N/PERIOD: 20/s, 100/m, 5/10s),

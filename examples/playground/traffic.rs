@@ -425,7 +425,7 @@ fn nanos(d: Duration) -> u64 {
 
 /// How a trace's timestamps count: all one way, set by the first request.
 #[derive(Debug, Clone, Copy, PartialEq)]
-enum Clock {
+enum Stamps {
     /// Seconds from the start of the trace (`12.5`).
     Relative,
     /// Absolute instants; the first request's is the start.
@@ -446,7 +446,7 @@ pub(crate) struct Reader {
     header_read: bool,
     /// Whether a header named the columns (then other columns are allowed).
     named_columns: bool,
-    clock: Option<Clock>,
+    stamps: Option<Stamps>,
     /// The last request's arrival and line.
     last: Option<(u64, u64)>,
     keys: Keys,
@@ -470,7 +470,7 @@ impl Reader {
             columns: (0, Some(1), Some(2)),
             header_read: false,
             named_columns: false,
-            clock: None,
+            stamps: None,
             last: None,
             keys: Keys::default(),
             requests: 0,
@@ -603,26 +603,26 @@ impl Reader {
     /// A timestamp as nanoseconds since the start, checked for going
     /// backwards.
     fn arrival(&mut self, stamp: Stamp) -> Result<u64, String> {
-        let at = match (self.clock, stamp) {
-            (None | Some(Clock::Relative), Stamp::Seconds(secs)) => {
-                self.clock = Some(Clock::Relative);
+        let at = match (self.stamps, stamp) {
+            (None | Some(Stamps::Relative), Stamp::Seconds(secs)) => {
+                self.stamps = Some(Stamps::Relative);
                 secs
             }
             (None, Stamp::Absolute(ns)) => {
-                self.clock = Some(Clock::Absolute { start: ns });
+                self.stamps = Some(Stamps::Absolute { start: ns });
                 0
             }
-            (Some(Clock::Absolute { start }), Stamp::Absolute(ns)) => {
+            (Some(Stamps::Absolute { start }), Stamp::Absolute(ns)) => {
                 if ns < start {
                     return Err(backwards(ns - start));
                 }
                 u64::try_from(ns - start)
                     .map_err(|_| "more than 584 years after the first request".to_owned())?
             }
-            (Some(Clock::Relative), Stamp::Absolute(_)) => {
+            (Some(Stamps::Relative), Stamp::Absolute(_)) => {
                 return Err("an absolute timestamp in a trace of seconds from the start".to_owned());
             }
-            (Some(Clock::Absolute { .. }), Stamp::Seconds(_)) => {
+            (Some(Stamps::Absolute { .. }), Stamp::Seconds(_)) => {
                 return Err("seconds from the start in a trace of absolute timestamps".to_owned());
             }
         };
