@@ -47,7 +47,7 @@ Examples, the tool (a whole traffic: totals, per-second rates, a chart, JSON):
   capacity=N or burst=N, quota=RATE:CAP+RATE:CAP (bands), per-key, max-keys=N,
   initial=N (token), max-burst=SPAN (bursty), warmup=SPAN, cold-factor=F,
   timeout=SPAN (waiting modes), label=TEXT. Unset, rate and capacity are --rate and --capacity.
-  Try modes (token, leaky, funnel, *-try) stream: a day at 1000/s, 86 M requests, in ~20 s.
+  Try modes (token, leaky, funnel, *-try) stream: a day at 1000/s (86 M requests) in well under a minute.
   Waiting modes run a task per request: keep them to a few million requests.";
 
 /// Generated traffic as `--traffic` gives it (the duration and seed are
