@@ -201,6 +201,10 @@ impl Tally {
 /// The most buckets a tally keeps (32 bytes each): 23 days of 1 s.
 pub(crate) const MAX_BUCKETS: usize = 2_000_000;
 
+/// The most requests the waiting modes hold waiting at once (each a task of
+/// about a kilobyte).
+pub(crate) const MAX_WAITING: usize = 1_000_000;
+
 /// How many bad lines are kept, to show.
 const SKIPPED_KEPT: usize = 20;
 
@@ -229,6 +233,11 @@ pub(crate) enum ReplayError {
         at: u64,
         bucket: Duration,
     },
+    /// More than [`MAX_WAITING`] requests waiting at once in the waiting
+    /// modes, at this instant (nanoseconds).
+    Backlog {
+        at: u64,
+    },
 }
 
 impl std::fmt::Display for ReplayError {
@@ -238,6 +247,12 @@ impl std::fmt::Display for ReplayError {
                 write!(f, "cannot build the limiter '{label}': {error}")
             }
             ReplayError::Trace(error) => write!(f, "{error}"),
+            ReplayError::Backlog { at } => write!(
+                f,
+                "at {}, {MAX_WAITING} requests are waiting at once in the waiting modes: \
+                 the traffic is far over their limit; give them timeout=, or a shorter --duration",
+                super::traffic::show_span(Duration::from_nanos(*at)),
+            ),
             ReplayError::TooLong { at, bucket } => write!(
                 f,
                 "a request at {} is past {MAX_BUCKETS} buckets of {} (--bucket): \
@@ -425,7 +440,7 @@ fn replay_waiters(
         .start_paused(true)
         .build()
         .expect("a current-thread tokio runtime");
-    runtime.block_on(async {
+    let result = runtime.block_on(async {
         let waiters: Vec<Waiter> = specs
             .iter()
             .map(|spec| match spec.build() {
@@ -442,8 +457,16 @@ fn replay_waiters(
         let mut seen = Seen::default();
         let clock = super::Clock::new();
         let pending = Arc::new((AtomicUsize::new(0), Notify::new()));
-        while let Some(arrival) = next(&mut source, &mut seen, bucket, on_skip)? {
+        let stopped = loop {
+            let arrival = match next(&mut source, &mut seen, bucket, on_skip) {
+                Ok(Some(arrival)) => arrival,
+                Ok(None) => break None,
+                Err(error) => break Some(error),
+            };
             clock.advance_to(Duration::from_nanos(arrival.at)).await;
+            if pending.0.load(Ordering::Relaxed) >= MAX_WAITING {
+                break Some(ReplayError::Backlog { at: arrival.at });
+            }
             for (waiter, tally) in waiters.iter().zip(&tallies) {
                 pending.0.fetch_add(1, Ordering::Relaxed);
                 let (progress, pending) = (Arc::clone(&clock.progress), Arc::clone(&pending));
@@ -465,6 +488,9 @@ fn replay_waiters(
                     }
                 });
             }
+        };
+        if let Some(error) = stopped {
+            return Err(error);
         }
         seen.keys = source.keys().clone();
         // Back onto the millisecond grid (see `Clock::advance_to`), then let
@@ -484,5 +510,13 @@ fn replay_waiters(
             })
             .collect();
         Ok((seen, tallies))
-    })
+    });
+    if result.is_err() {
+        // The run stops here, perhaps with a million requests still waiting:
+        // dropping the runtime would cancel them one by one, and cancelling
+        // a queued waiter costs the length of its queue (minutes for a
+        // million). Their memory goes back when the process exits.
+        std::mem::forget(runtime);
+    }
+    result
 }
