@@ -1,11 +1,11 @@
 //! Checks the playground example's logic: the code is the example's own
-//! (`examples/playground.rs`, included as a module), so what the README's
+//! (`examples/playground/main.rs`, included as a module), so what the README's
 //! main command prints is what is tested here.
 //!
 //! Each replay runs on its own current-thread runtime with a paused clock,
 //! so these are plain `#[test]`s and the instants they assert are exact.
 
-#[path = "../examples/playground.rs"]
+#[path = "../examples/playground/main.rs"]
 #[expect(
     dead_code,
     reason = "`main` and the printing helpers are for the example only"

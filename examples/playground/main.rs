@@ -45,12 +45,39 @@
 //! tick at or after its turn: with an interval that is not a whole number
 //! of milliseconds, waits end on the tick (requests themselves are issued
 //! at their exact instants).
+//!
+//! # The tool
+//!
+//! Any of `--traffic`, `--trace`, `--limiter`, `--svg` or `--json` turns
+//! the demo into a replay of a whole traffic, answered with totals, rates
+//! per second, the keys most refused, a chart and JSON (`--help` has
+//! examples). One module per concern:
+//!
+//! | module | what it holds |
+//! |---|---|
+//! | `traffic` | generated patterns (seeded) and recorded traces, one arrival at a time |
+//! | `spec` | `--limiter NAME[:KNOB=V,…]`: a configuration, and building it |
+//! | `engine` | the replay: the meters' streaming pass, the waiters' task pass, the tallies |
+//! | `summary` | the text report and the JSON summary |
+//! | `chart` | the SVG chart (plotters) |
+//! | `tool` | the tool's flags and running it |
+//!
+//! This file is the demo: the table of limiters, the flags, the request-by-
+//! request replay (whose clock the waiters' pass reuses) and its report.
+
+pub(crate) mod chart;
+pub(crate) mod engine;
+pub(crate) mod spec;
+pub(crate) mod summary;
+pub(crate) mod tool;
+pub(crate) mod traffic;
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::fmt::{self, Write as _};
 use std::future::Future;
 use std::io::Write as _;
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -318,6 +345,49 @@ pub(crate) struct Flags {
     #[arg(long, value_name = "F", default_value = "3", allow_negative_numbers = true,
           value_parser = cold_factor)]
     cold_factor: f64,
+
+    // The tool: any of these flags replays a whole traffic and answers
+    // with totals, a chart and JSON instead of the demo's request list.
+    /// Generated traffic, PATTERN[:KNOB=V,...] (see below)
+    #[arg(long, value_name = "PATTERN", value_parser = tool::pattern,
+          conflicts_with = "trace", help_heading = "Traffic")]
+    traffic: Option<tool::PatternSpec>,
+    /// How long generated traffic lasts (250ms, 90s, 2m, 1h, 1d)
+    #[arg(long, value_name = "SPAN", default_value = "60s", value_parser = tool::span,
+          help_heading = "Traffic")]
+    duration: Duration,
+    /// The generator's seed: the same seed, the same traffic
+    #[arg(long, value_name = "N", default_value = "1", help_heading = "Traffic")]
+    seed: u64,
+    /// A recorded trace: one request a line (CSV, JSON lines or an access log)
+    #[arg(long, value_name = "FILE", help_heading = "Traffic")]
+    trace: Option<PathBuf>,
+    /// The trace's format: auto, csv, jsonl or access-log
+    #[arg(long, value_name = "FORMAT", default_value = "auto", value_parser = tool::format,
+          help_heading = "Traffic")]
+    format: traffic::Format,
+    /// A bad line of the trace: stop there, or skip it (with a warning)
+    #[arg(long, value_name = "WHAT", default_value = "stop", value_parser = tool::on_error,
+          help_heading = "Traffic")]
+    on_error: traffic::OnError,
+    /// A limiter to replay through, NAME[:KNOB=V,...]; repeat to compare
+    /// (instead of --limiters)
+    #[arg(long = "limiter", value_name = "SPEC", action = clap::ArgAction::Append,
+          help_heading = "Limiters")]
+    limiter: Vec<String>,
+    /// Write the chart to FILE as SVG
+    #[arg(long, value_name = "FILE", help_heading = "Answers")]
+    svg: Option<PathBuf>,
+    /// Write the JSON summary to FILE ('-': to stdout, instead of the text)
+    #[arg(long, value_name = "FILE", help_heading = "Answers")]
+    json: Option<PathBuf>,
+    /// The span each per-second row, chart point and JSON bucket counts
+    #[arg(long, value_name = "SPAN", default_value = "1s", value_parser = tool::span,
+          help_heading = "Answers")]
+    bucket: Duration,
+    /// How many of the most refused keys to list, per limiter
+    #[arg(long, value_name = "N", default_value = "5", help_heading = "Answers")]
+    top: usize,
 }
 
 /// The value of `--limiters`: one flag, one list (a bare `Vec` field would
@@ -338,9 +408,48 @@ where
     I: IntoIterator,
     I::Item: Into<OsString>,
 {
+    demo_config(&parse_flags(args)?)
+}
+
+/// What the command line asks for.
+#[derive(Debug)]
+pub(crate) enum Command {
+    /// The demo: every request of a short pattern, one by one.
+    Demo(Config),
+    /// The tool: a whole traffic, answered with totals, a chart and JSON.
+    Tool(tool::Plan),
+}
+
+/// Parses the flags (without the program name) into what to do.
+pub(crate) fn parse_command<I>(args: I) -> Result<Command, clap::Error>
+where
+    I: IntoIterator,
+    I::Item: Into<OsString>,
+{
+    let flags = parse_flags(args)?;
+    let config = demo_config(&flags)?;
+    if flags.traffic.is_none()
+        && flags.trace.is_none()
+        && flags.limiter.is_empty()
+        && flags.svg.is_none()
+        && flags.json.is_none()
+    {
+        return Ok(Command::Demo(config));
+    }
+    tool::plan(&flags, &config).map(Command::Tool)
+}
+
+fn parse_flags<I>(args: I) -> Result<Flags, clap::Error>
+where
+    I: IntoIterator,
+    I::Item: Into<OsString>,
+{
     let program = OsString::from("playground");
-    let flags =
-        Flags::try_parse_from(std::iter::once(program).chain(args.into_iter().map(Into::into)))?;
+    Flags::try_parse_from(std::iter::once(program).chain(args.into_iter().map(Into::into)))
+}
+
+/// The demo's configuration, checked.
+fn demo_config(flags: &Flags) -> Result<Config, clap::Error> {
     let span = flags.interval.checked_mul(flags.count - 1);
     if span.is_none_or(|span| span > MAX_SPAN) {
         return Err(Flags::command().error(
@@ -359,7 +468,7 @@ where
         count: flags.count,
         warmup: flags.warmup,
         cold_factor: flags.cold_factor,
-        limiters: flags.limiters.0,
+        limiters: flags.limiters.0.clone(),
     })
 }
 
@@ -460,16 +569,17 @@ fn names() -> String {
 
 /// The end of the help: the limiters and a few command lines.
 fn after_help() -> String {
-    let mut text = String::from("Limiters:\n");
-    for entry in LIMITERS {
-        let _ = writeln!(text, "  {:<11} {}", entry.name, entry.call);
+    let mut text = String::from("Limiters (--limiters for the demo; names of --limiter specs):\n");
+    for (name, _, _, call) in spec::KINDS {
+        let _ = writeln!(text, "  {name:<11} {call}");
     }
     text.push_str(
-        "\nExamples:\n  \
+        "\nExamples, the demo (every request, one by one):\n  \
            cargo run --release --example playground -- --limiters token,shaper\n  \
            cargo run --release --example playground -- --limiters warmup --rate 5 --interval 100 --count 40\n  \
-           cargo run --release --example playground -- --rate 10 --capacity 5 --interval 50 --count 60",
+           cargo run --release --example playground -- --rate 10 --capacity 5 --interval 50 --count 60\n",
     );
+    text.push_str(tool::HELP);
     text
 }
 
@@ -1002,8 +1112,14 @@ fn trimmed(decimal: String) -> String {
 fn main() -> ExitCode {
     // `exit` prints the help (to stdout, status 0) or the error with the
     // usage (to stderr, status 2).
-    let config = parse_args(std::env::args_os().skip(1)).unwrap_or_else(|error| error.exit());
-    let runs = match replay_all(&config) {
+    match parse_command(std::env::args_os().skip(1)).unwrap_or_else(|error| error.exit()) {
+        Command::Demo(config) => demo(&config),
+        Command::Tool(plan) => tool::run(&plan),
+    }
+}
+
+fn demo(config: &Config) -> ExitCode {
+    let runs = match replay_all(config) {
         Ok(runs) => runs,
         Err((name, error)) => {
             eprintln!("error: cannot build the '{name}' limiter: {error}");
@@ -1011,7 +1127,7 @@ fn main() -> ExitCode {
         }
     };
     let mut report = String::new();
-    render(&mut report, &config, &runs).expect("formatting into a String");
+    render(&mut report, config, &runs).expect("formatting into a String");
     // A closed pipe (`| head`) is not an error worth a panic.
     let _ = std::io::stdout().lock().write_all(report.as_bytes());
     ExitCode::SUCCESS
