@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use governor::{DefaultKeyedRateLimiter, Quota};
 use tokio::runtime::Runtime;
 use tokio_ratelimit::keyed::{Keyed, KeyedFunnel};
-use tokio_ratelimit::{Funnel, LeakyBucket, Rate, TokenBucket};
+use tokio_ratelimit::{ConfigError, Funnel, LeakyBucket, Limiter, Rate, TokenBucket};
 use tokio_ratelimit_benches::{Table, cpu_time, quantile, ratio_line, rss_bytes, trim_heap};
 
 use crate::peers::nz;
@@ -48,6 +48,50 @@ fn measure<T>(rt: &Runtime, count: usize, fill: impl FnOnce() -> T) -> (f64, usi
     (bytes, tasks)
 }
 
+/// `Keyed<u64, L>` with `keys` keys, each used once.
+fn keyed<L>(rt: &Runtime, keys: u64, make: fn() -> Result<L, ConfigError>) -> (f64, usize)
+where
+    L: Limiter + Clone + Send + Sync + 'static,
+{
+    let count = usize::try_from(keys).unwrap();
+    measure(rt, count, || {
+        let map: Keyed<u64, L> = Keyed::builder().limiter(make).build().unwrap();
+        for k in 0..keys {
+            assert!(map.try_acquire(&k).is_ok());
+        }
+        map
+    })
+}
+
+/// `n` standalone limiters, each used once.
+fn standalone<L: Limiter>(
+    rt: &Runtime,
+    n: usize,
+    make: fn() -> Result<L, ConfigError>,
+) -> (f64, usize) {
+    measure(rt, n, || {
+        (0..n)
+            .map(|_| {
+                let l = make().unwrap();
+                assert!(l.try_acquire().is_ok());
+                l
+            })
+            .collect::<Vec<_>>()
+    })
+}
+
+fn token() -> Result<TokenBucket, ConfigError> {
+    TokenBucket::builder().rate(slow()).capacity(10).build()
+}
+
+fn leaky() -> Result<LeakyBucket, ConfigError> {
+    LeakyBucket::builder().rate(slow()).capacity(10).build()
+}
+
+fn funnel() -> Result<Funnel, ConfigError> {
+    Funnel::builder().rate(slow()).capacity(10).build()
+}
+
 pub(crate) fn resources(rt: &Runtime, set: &Settings) {
     let n = set.idle;
     let keys = n as u64;
@@ -73,32 +117,8 @@ pub(crate) fn resources(rt: &Runtime, set: &Settings) {
             map
         }),
     );
-    let token_keyed = row(
-        "Keyed<u64, TokenBucket>",
-        measure(rt, n, || {
-            let map: Keyed<u64, TokenBucket> = Keyed::builder()
-                .limiter(|| TokenBucket::builder().rate(slow()).capacity(10).build())
-                .build()
-                .unwrap();
-            for k in 0..keys {
-                assert!(map.try_acquire(&k).is_ok());
-            }
-            map
-        }),
-    );
-    let leaky_keyed = row(
-        "Keyed<u64, LeakyBucket>",
-        measure(rt, n, || {
-            let map: Keyed<u64, LeakyBucket> = Keyed::builder()
-                .limiter(|| LeakyBucket::builder().rate(slow()).capacity(10).build())
-                .build()
-                .unwrap();
-            for k in 0..keys {
-                assert!(map.try_acquire(&k).is_ok());
-            }
-            map
-        }),
-    );
+    let token_keyed = row("Keyed<u64, TokenBucket>", keyed(rt, keys, token));
+    let leaky_keyed = row("Keyed<u64, LeakyBucket>", keyed(rt, keys, leaky));
     row(
         "governor keyed (dashmap)",
         measure(rt, n, || {
@@ -110,50 +130,9 @@ pub(crate) fn resources(rt: &Runtime, set: &Settings) {
             map
         }),
     );
-    let token = row(
-        "TokenBucket (standalone)",
-        measure(rt, n, || {
-            (0..n)
-                .map(|_| {
-                    let b = TokenBucket::builder()
-                        .rate(slow())
-                        .capacity(10)
-                        .build()
-                        .unwrap();
-                    assert!(b.try_acquire().is_ok());
-                    b
-                })
-                .collect::<Vec<_>>()
-        }),
-    );
-    let leaky = row(
-        "LeakyBucket (standalone)",
-        measure(rt, n, || {
-            (0..n)
-                .map(|_| {
-                    let b = LeakyBucket::builder()
-                        .rate(slow())
-                        .capacity(10)
-                        .build()
-                        .unwrap();
-                    assert!(b.try_acquire().is_ok());
-                    b
-                })
-                .collect::<Vec<_>>()
-        }),
-    );
-    row(
-        "Funnel (standalone)",
-        measure(rt, n, || {
-            (0..n)
-                .map(|_| {
-                    let f = Funnel::builder().rate(slow()).capacity(10).build().unwrap();
-                    assert!(f.try_acquire().is_ok());
-                    f
-                })
-                .collect::<Vec<_>>()
-        }),
-    );
+    let token = row("TokenBucket (standalone)", standalone(rt, n, token));
+    let leaky = row("LeakyBucket (standalone)", standalone(rt, n, leaky));
+    row("Funnel (standalone)", standalone(rt, n, funnel));
     row(
         "governor direct (standalone)",
         measure(rt, n, || {
