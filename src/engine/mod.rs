@@ -579,9 +579,9 @@ mod layout_tests {
     /// 208-byte chunk from glibc's malloc); what every `try_acquire`
     /// reads and each counter stripe on three different cache lines,
     /// wherever a 16-byte-aligned allocator puts it. (192 is the least
-    /// that can: trying every placement of a 48-byte region and two
-    /// 16-byte ones behind the 16 bytes of counts, none in 176 bytes keeps
-    /// the three apart at all four alignments.)
+    /// that can: trying every placement of a 44-byte region and two
+    /// 16-byte ones behind the 16 bytes of counts, none that fits in less
+    /// than 192 bytes keeps the three apart at all four alignments.)
     #[test]
     fn a_bucket_engine_is_small_and_its_hot_fields_are_on_three_lines() {
         // `ArcInner`: two counts, then the engine.
