@@ -9,6 +9,7 @@
 //!
 //! At most [`POINTS`] points a line: the replay's buckets are merged to fit.
 
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
 use super::engine::{Bucket, Replay};
@@ -152,26 +153,22 @@ where
         .map_err(fail)?
         .label("offered")
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], OFFERED.stroke_width(6)));
-    for (i, (tally, buckets)) in replay.tallies.iter().zip(&series).enumerate() {
-        let points: Vec<(f64, f64)> = buckets
+    let lines = |name: &str, value: &dyn Fn(usize, &Bucket) -> f64| {
+        replay
+            .tallies
             .iter()
+            .zip(&series)
             .enumerate()
-            .map(|(j, b)| (x(j), rate(j, b.admitted)))
-            .collect();
-        let style = colour(i).stroke_width(width(i));
-        rates
-            .draw_series(LineSeries::new(points, style))
-            .map_err(fail)?
-            .label(format!("admitted: {}", tally.spec.label))
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], style));
-    }
-    rates
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperRight)
-        .draw()
-        .map_err(fail)?;
+            .map(|(i, (tally, buckets))| {
+                let points = (buckets.iter().enumerate())
+                    .map(|(j, b)| (x(j), value(j, b)))
+                    .collect();
+                let style = colour(i).stroke_width(width(i));
+                (format!("{name}: {}", tally.spec.label), points, style)
+            })
+            .collect::<Vec<_>>()
+    };
+    draw_lines(&mut rates, lines("admitted", &|j, b| rate(j, b.admitted))).map_err(fail)?;
 
     let wait_ms = |b: &Bucket| b.max_wait as f64 / 1e6;
     let w_max = series
@@ -199,26 +196,30 @@ where
         .y_desc("wait (ms)")
         .draw()
         .map_err(fail)?;
-    for (i, (tally, buckets)) in replay.tallies.iter().zip(&series).enumerate() {
-        let points: Vec<(f64, f64)> = buckets
-            .iter()
-            .enumerate()
-            .map(|(j, b)| (x(j), wait_ms(b)))
-            .collect();
-        let style = colour(i).stroke_width(width(i));
-        waits
-            .draw_series(LineSeries::new(points, style))
-            .map_err(fail)?
-            .label(format!("wait: {}", tally.spec.label))
+    draw_lines(&mut waits, lines("wait", &|_, b| wait_ms(b))).map_err(fail)?;
+    root.present().map_err(fail)?;
+    Ok(())
+}
+
+/// One limiter's line in a panel: its legend label, its points, its style.
+type Line = (String, Vec<(f64, f64)>, ShapeStyle);
+
+/// Draws each `(label, points, style)` as a line of a panel, then the
+/// panel's legend (upper right, in the headroom left for it).
+fn draw_lines<'a, DB: DrawingBackend + 'a>(
+    chart: &mut ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
+    lines: Vec<Line>,
+) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+    for (label, points, style) in lines {
+        chart
+            .draw_series(LineSeries::new(points, style))?
+            .label(label)
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], style));
     }
-    waits
+    chart
         .configure_series_labels()
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .position(SeriesLabelPosition::UpperRight)
         .draw()
-        .map_err(fail)?;
-    root.present().map_err(fail)?;
-    Ok(())
 }
