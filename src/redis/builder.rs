@@ -6,15 +6,14 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use ::redis::{Client, ConnectionInfo, RedisResult, Script};
 
 use super::cache::RefusalCache;
 use super::cluster::{self, Slots};
-use super::conn::Conn;
+use super::conn::{Conn, Node};
 use super::limiter::Inner;
 use super::repr::Encoded;
-use super::script::texts;
+use super::script::{Ids, texts};
 use super::stats::Counters;
 use super::{FailurePolicy, RedisBuildError, RedisFunnel, RedisLimitError};
 use crate::{ConfigError, Quota, Rate, clock};
@@ -263,17 +262,16 @@ impl RedisFunnelBuilder {
         let connect = async {
             let mut conn = match &self.target {
                 Target::Node(client) => {
-                    let config = ConnectionManagerConfig::new()
+                    let config = ::redis::AsyncConnectionConfig::new()
                         .set_connection_timeout(Some(self.connect_timeout))
-                        .set_response_timeout(Some(response_timeout))
-                        // One connection attempt per reconnection, no
-                        // backoff: while Redis refuses connections a
-                        // decision fails at once instead of waiting out its
-                        // deadline behind a backoff sleep, and the first
-                        // decision after Redis is back reconnects.
-                        .set_number_of_retries(0);
-                    let client = client.clone()?;
-                    Conn::Node(ConnectionManager::new_lazy_with_config(client, config)?)
+                        .set_response_timeout(Some(response_timeout));
+                    // One connection attempt per request that finds none,
+                    // no backoff: while Redis refuses connections a
+                    // decision fails at once instead of waiting out its
+                    // deadline behind a backoff sleep, and the first
+                    // decision after Redis is back reconnects.
+                    let info = client.clone()?.get_connection_info().clone();
+                    Conn::Node(Arc::new(Node::new(info, config, self.connect_timeout)))
                 }
                 Target::Cluster(nodes) => {
                     let client =
@@ -281,7 +279,11 @@ impl RedisFunnelBuilder {
                     let mut conn = client.get_async_connection().await?;
                     let slots = Slots::default();
                     slots.table(&mut conn).await?;
-                    Conn::Cluster { conn, slots }
+                    Conn::Cluster {
+                        conn,
+                        slots,
+                        epoch: Arc::default(),
+                    }
                 }
             };
             let (text, peek_text) = texts(&conn);
@@ -316,6 +318,7 @@ impl RedisFunnelBuilder {
                 timeout: self.timeout,
                 counters: Counters::default(),
                 healthy: AtomicBool::new(true),
+                ids: Ids::new(),
                 refusals: (self.refusal_cache > 0).then(|| RefusalCache::new(self.refusal_cache)),
             }),
         };

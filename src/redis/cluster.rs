@@ -4,25 +4,27 @@
 //! # Retries
 //!
 //! The `redis` crate's cluster client retries a failed request on its own
-//! (16 times by default), and not only where that is safe: besides the
-//! redirects (`MOVED`, `ASK`) and the refusals a node gives *before* running
-//! anything (`TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`, `LOADING`, no
-//! connection to the slot's node), it resends after a connection dropped or
-//! an I/O or parse error — which may come after the node ran the script.
-//! A resent decision pours twice. So the client is built with no retries
-//! ([`ClusterClientBuilder::retries`]`(0)`), and this crate resends only what
-//! provably did not run: a single call answered `MOVED` is sent to the node
-//! the answer names (the client refreshes its slot map too, but may not
-//! have yet: a manual failover under load showed a second `MOVED` from the
-//! old master), one answered `ASK` to the named node after `ASKING` — at
-//! most four redirects in all — and one answered `NOSCRIPT` goes again
-//! after a `SCRIPT LOAD` on the same node. The other refusals fail the
-//! decision by the policy at once: they last until the cluster has a master
-//! for the slot again, longer than a decision's deadline.
+//! (16 times by default): after the redirects (`MOVED`, `ASK`) and the
+//! refusals a node gives *before* running anything (`TRYAGAIN`,
+//! `CLUSTERDOWN`, `MASTERDOWN`, `LOADING`), and after a connection dropped
+//! or an I/O or parse error — which may come after the node ran the
+//! script. The client is built with no retries
+//! ([`ClusterClientBuilder::retries`]`(0)`) so that the limiter decides
+//! what is sent again, and within its deadline: a single call answered
+//! `MOVED` goes to the node the answer names (the client refreshes its slot
+//! map too, but may not have yet: a manual failover under load showed a
+//! second `MOVED` from the old master), one answered `ASK` to the named
+//! node after `ASKING` — at most four redirects in all — and one answered
+//! `NOSCRIPT` goes again after a `SCRIPT LOAD` on the same node. A call or
+//! a batch's pipeline that failed on the connection is sent once more,
+//! marked as a resend (`script.rs`: the script answers it from its grant if
+//! it had run, so it cannot pour twice). The other refusals fail the
+//! decision by the policy at once: they last until the cluster has a
+//! master for the slot again, longer than a decision's deadline.
 //!
-//! A batch's pipeline per node is never resent: a `MOVED` for one of its
-//! keys fails the whole pipeline (the client keeps no per-command replies
-//! then), and the node may have run the others.
+//! A `MOVED` for one of a batch's keys fails that node's whole pipeline
+//! (the client keeps no per-command replies then); the topology is read
+//! again for the next batch.
 //!
 //! # Slots
 //!

@@ -14,16 +14,33 @@
 --          each band's theoretical arrival time (when it is empty), absolute;
 --          absent = every band empty. A band beyond the ones stored reads as
 --          empty; stored bands beyond ARGV's are written back as they are.
--- ARGV     per band: unit, cost_us, cost_rem, tau_us, tau_rem
+--          Then, once a grant has been written, " | <keep> <evicted> <id>...":
+--          the ids of the latest grants (at most MAX_IDS, oldest first), kept
+--          until the server time <keep> (us), and when the last id was
+--          evicted to make room (<evicted>, us; 0 for never).
+-- ARGV     the request's id (16 hex digits, random per decision), the
+--          horizon (us) for which its id is kept, whether this is a resend
+--          ('1') of a request that may have run; then per band: unit,
+--          cost_us, cost_rem, tau_us, tau_rem
 -- Returns  {1, now_us, end_us, end_rem, ...} when every band grants, then
 --          every band is written: each band's new instant (what the caller
 --          shows as the state); {1, now_us} for n = 0 (a read);
 --          {0, now_us, wait_us, wait_rem, ..., at_us, at_rem, ...} when some
 --          band refuses: each band's wait in its own units (0, 0 where it
 --          grants), then each band's instant as read (never before now),
---          nothing written.
+--          nothing written; {2, now_us, at_us, at_rem, ...} when a grant
+--          with this id was written already (a resend of a request whose
+--          reply was lost): nothing poured again, each band's instant as
+--          read. A resend whose id is not kept, when an id was evicted
+--          within its horizon, is answered with an error: whether it ran
+--          cannot be told, and it must not pour twice.
 
-local bands = #ARGV / 5
+-- Ids of the latest grants kept per key: a resend finds its first
+-- attempt's among them unless this many grants came after it.
+local MAX_IDS = 16
+
+local id, horizon, resend = ARGV[1], tonumber(ARGV[2]), ARGV[3] == '1'
+local bands = (#ARGV - 3) / 5
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -33,7 +50,20 @@ local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local state = redis.call('GET', KEYS[1])
 local s = {}
 local stored, kept = 0, nil
+-- The grants' ids: kept until `keep`; none once that has passed.
+local keep, evicted, ids = 0, 0, ''
 if state then
+  local cut = string.find(state, ' | ', 1, true)
+  if cut then
+    local _, e, k, v = string.find(state, '^(%d+) (%d+)', cut + 3)
+    if not e or (e < #state and string.byte(state, e + 1) ~= 32) then
+      return redis.error_reply('tokio-ratelimit: malformed state at ' .. KEYS[1])
+    end
+    if tonumber(k) >= now then
+      keep, evicted, ids = tonumber(k), tonumber(v), string.sub(state, e + 2)
+    end
+    state = string.sub(state, 1, cut - 1)
+  end
   local pos, len = 1, #state
   while true do
     local _, e, a, b, c = string.find(state, '^(%d+) (%d+) (%d+)', pos)
@@ -55,8 +85,14 @@ if state then
   end
 end
 
-if ARGV[2] == '0' and ARGV[3] == '0' then
+if ARGV[5] == '0' and ARGV[6] == '0' then
   return {1, now}
+end
+
+-- Ids are 16 hex digits, one space apart: a plain find is exact.
+local granted_before = #ids > 0 and string.find(ids, id, 1, true) ~= nil
+if resend and not granted_before and evicted > 0 and evicted + horizon >= now then
+  return redis.error_reply('tokio-ratelimit: a resent decision whose first attempt cannot be told')
 end
 
 -- Each band: end = max(tat, now) + cost; water = end - now (now is whole
@@ -68,7 +104,7 @@ local ends = {1, now}
 local refused = false
 local last = 0
 for i = 1, bands do
-  local k = (i - 1) * 5
+  local k = (i - 1) * 5 + 3
   local unit = tonumber(ARGV[k + 1])
   local b_us, b_rem = now, 0
   if i <= stored then
@@ -107,16 +143,24 @@ for i = 1, bands do
   end
 end
 
+if granted_before then
+  local again = {2, now}
+  for i = 1, 2 * bands do
+    again[2 + i] = reply[2 * bands + 2 + i]
+  end
+  return again
+end
 if refused then
   return reply
 end
 if string.format('%d', 9007199254740992) ~= '9007199254740992' then
   return redis.error_reply('tokio-ratelimit: this Lua formats %d through a 32-bit long')
 end
--- Granted: every band written, and the key expires once every band has
--- drained: at or after the latest end, in whole milliseconds
--- (floor(us / 1000) + 1 >= ceil(end), as the state would read as empty from
--- then on anyway). Kept bands count too.
+-- Granted: every band written, the id kept, and the key expires once every
+-- band has drained and the ids are past their horizon: at or after the
+-- latest of these, in whole milliseconds (floor(us / 1000) + 1 >= ceil(end),
+-- as the state would read as empty from then on anyway). Kept bands count
+-- too.
 if kept then
   out[bands + 1] = string.sub(state, kept)
   for i = bands, stored - 1 do
@@ -125,6 +169,19 @@ if kept then
     end
   end
 end
-redis.call('SET', KEYS[1], table.concat(out, ' '))
+if #ids == 0 then
+  ids = id
+elseif #ids >= MAX_IDS * 17 - 1 then
+  ids, evicted = string.sub(ids, 18) .. ' ' .. id, now
+else
+  ids = ids .. ' ' .. id
+end
+if now + horizon > keep then
+  keep = now + horizon
+end
+if keep > last then
+  last = keep
+end
+redis.call('SET', KEYS[1], table.concat(out, ' ') .. string.format(' | %d %d ', keep, evicted) .. ids)
 redis.call('PEXPIREAT', KEYS[1], string.format('%d', math.floor(last / 1000) + 1))
 return ends

@@ -12,7 +12,7 @@ use ::redis::{IntoConnectionInfo, Script};
 use super::cache::RefusalCache;
 use super::conn::Conn;
 use super::repr::Encoded;
-use super::script::Answer;
+use super::script::{Answer, Ids};
 use super::state;
 use super::stats::Counters;
 use super::{IntoClient, RedisFunnelBuilder, RedisLimitError, RedisStats};
@@ -45,6 +45,8 @@ pub(super) struct Inner {
     pub(super) healthy: AtomicBool,
     /// Recent refusals, answered without a round trip (`None`: off).
     pub(super) refusals: Option<RefusalCache>,
+    /// Each decision's id (see `script.rs` on resends).
+    pub(super) ids: Ids,
 }
 
 /// What a [`RedisFunnel`] does with a decision Redis could not make (an
@@ -242,32 +244,49 @@ impl RedisFunnel {
             return local;
         }
         let sent = clock::now();
-        if let Some(refused) = self.cached(key, quota, n, sent) {
+        if let Some(refused) = self.cached(key, quota, n, sent).await {
             return refused;
         }
+        let epoch = self.inner.conn.epoch();
         match self.eval(key, quota, n).await {
             Ok(answer) => {
                 let answer = self.answered(answer, quota);
-                self.remember(key, quota, n, sent, &answer);
+                self.remember(key, quota, n, (sent, epoch), &answer);
                 answer
             }
             Err(e) => self.failed(e, 1),
         }
     }
 
-    /// A refusal the [refusal cache](super::cache) still holds, counted.
-    fn cached(
+    /// A refusal the [refusal cache](super::cache) still holds in the
+    /// connection's epoch, counted.
+    ///
+    /// On one server, only while the connection the refusal was learned
+    /// through is open (no round trip tells that: see `conn.rs`). If it was
+    /// closed, the server may have restarted without its data, so this
+    /// first tries to connect again (unless another request is doing so),
+    /// within the deadline: if Redis is back, the epoch has moved and Redis
+    /// decides; if it cannot be reached, the refusal stands — Redis, once
+    /// back with its data, would give it too.
+    async fn cached(
         &self,
         key: &str,
         quota: &Encoded,
         n: u32,
         now: tokio::time::Instant,
     ) -> Option<Result<(), RedisLimitError>> {
-        let retry_after = self
-            .inner
-            .refusals
-            .as_ref()?
-            .refused(key, quota.quota(), n, now)?;
+        let cache = self.inner.refusals.as_ref()?;
+        let epoch = self.inner.conn.epoch();
+        let retry_after = cache.refused(key, quota.quota(), n, now, epoch)?;
+        if let Conn::Node(node) = &self.inner.conn
+            && !node.open()
+            && clock::timeout(self.inner.timeout, node.reconnect())
+                .await
+                .unwrap_or(false)
+            && self.inner.conn.epoch() != epoch
+        {
+            return None;
+        }
         self.inner
             .counters
             .cached_refusals
@@ -275,19 +294,28 @@ impl RedisFunnel {
         Some(Err(RedisLimitError::Limited { retry_after }))
     }
 
-    /// Keeps a refusal Redis made of a request sent at `sent`.
+    /// What the refusal cache learns from Redis's `answer` (as
+    /// [`answered`](Self::answered) made it) to a request sent at
+    /// `sent.0` in the connection's epoch `sent.1`: a refusal is kept, a
+    /// grant removes the key's entry. Only for answers Redis gave, never
+    /// for a failure policy's.
     fn remember(
         &self,
         key: &str,
         quota: &Encoded,
         n: u32,
-        sent: tokio::time::Instant,
+        sent: (tokio::time::Instant, u64),
         answer: &Result<(), RedisLimitError>,
     ) {
-        if let (Some(cache), Err(RedisLimitError::Limited { retry_after })) =
-            (&self.inner.refusals, answer)
-        {
-            cache.remember(key, quota.quota(), n, sent, *retry_after);
+        let Some(cache) = &self.inner.refusals else {
+            return;
+        };
+        match answer {
+            Err(RedisLimitError::Limited { retry_after }) => {
+                cache.remember(key, quota.quota(), n, sent.0, *retry_after, sent.1);
+            }
+            Ok(()) => cache.forget(key),
+            Err(_) => {}
         }
     }
 
@@ -389,10 +417,15 @@ impl RedisFunnel {
     ) -> Vec<Result<(), RedisLimitError>> {
         let quota = &self.inner.encoded;
         let sent = clock::now();
-        let mut answers: Vec<Option<Result<(), RedisLimitError>>> = requests
-            .iter()
-            .map(|&(key, n)| local(quota, n).or_else(|| self.cached(key, quota, n, sent)))
-            .collect();
+        let mut answers: Vec<Option<Result<(), RedisLimitError>>> =
+            Vec::with_capacity(requests.len());
+        for &(key, n) in requests {
+            answers.push(match local(quota, n) {
+                Some(answer) => Some(answer),
+                None => self.cached(key, quota, n, sent).await,
+            });
+        }
+        let epoch = self.inner.conn.epoch();
         let asked: Vec<(&str, u32)> = requests
             .iter()
             .zip(&answers)
@@ -400,25 +433,26 @@ impl RedisFunnel {
             .map(|(&r, _)| r)
             .collect();
         if !asked.is_empty() {
-            let mut decided = self.eval_many(&asked).await.into_iter().map(|r| {
-                let answer = r.and_then(|r| {
-                    Answer::parse(&r, quota.bands().len()).map_err(RedisLimitError::Backend)
-                });
-                match answer {
-                    Ok(answer) => self.answered(answer, quota),
-                    Err(e) => self.failed(e, 1),
-                }
-            });
+            let mut decided = self.eval_many(&asked).await.into_iter();
+            // In the requests' order, so that the cache learns each key's
+            // answers in the order Redis gave them.
             for ((key, n), slot) in requests
                 .iter()
                 .zip(&mut answers)
                 .filter(|(_, a)| a.is_none())
             {
-                *slot = decided.next();
-                match slot {
-                    Some(answer) => self.remember(key, quota, *n, sent, answer),
-                    None => break,
-                }
+                let Some(reply) = decided.next() else { break };
+                let answer = reply.and_then(|r| {
+                    Answer::parse(&r, quota.bands().len()).map_err(RedisLimitError::Backend)
+                });
+                *slot = Some(match answer {
+                    Ok(answer) => {
+                        let answer = self.answered(answer, quota);
+                        self.remember(key, quota, *n, (sent, epoch), &answer);
+                        answer
+                    }
+                    Err(e) => self.failed(e, 1),
+                });
             }
         }
         answers
@@ -482,14 +516,17 @@ impl RedisFunnel {
         if n > quota.capacity() {
             return Err(RedisLimitError::InsufficientCapacity);
         }
+        let sent = (clock::now(), self.inner.conn.epoch());
         match self.eval(key, quota, n).await {
             Ok(answer) => {
-                // Counted (and logged) like any decision; a refusal is a
-                // value here, not an error.
-                let retry_after = self
-                    .answered(answer, quota)
-                    .err()
-                    .and_then(|e| e.retry_after());
+                // Counted (and logged) like any decision, and taught to
+                // the refusal cache; a refusal is a value here, not an
+                // error. (`n = 0` reads, and teaches nothing.)
+                let decided = self.answered(answer, quota);
+                if n > 0 {
+                    self.remember(key, quota, n, sent, &decided);
+                }
+                let retry_after = decided.err().and_then(|e| e.retry_after());
                 Ok(Decision {
                     retry_after,
                     server_time: SystemTime::UNIX_EPOCH + Duration::from_micros(answer.now_us),
@@ -588,6 +625,14 @@ impl RedisFunnel {
         n: u32,
     ) -> Result<Peek, RedisLimitError> {
         let (now_us, stored) = self.look(key).await?;
+        if let Some(cache) = &self.inner.refusals {
+            // What the state says now overrules a cached refusal it would
+            // grant.
+            cache.forget_if(key, |quota, n| {
+                Encoded::new(quota)
+                    .is_ok_and(|q| state::peek(&q, &stored, now_us, n).answer().is_ok())
+            });
+        }
         Ok(state::peek(quota, &stored, now_us, n))
     }
 
@@ -638,12 +683,13 @@ impl RedisFunnel {
                 &[],
             ))
         };
-        let sent = clock::now();
+        let now = clock::now();
         if let Some(Err(RedisLimitError::Limited { retry_after })) =
-            self.cached(key, quota, n, sent)
+            self.cached(key, quota, n, now).await
         {
             return refused(retry_after);
         }
+        let sent = (now, self.inner.conn.epoch());
         let answer = match self.eval(key, quota, n).await {
             Ok(answer) => answer,
             Err(e) => {
@@ -740,6 +786,9 @@ impl RedisFunnel {
             && !self.inner.healthy.swap(true, Ordering::Relaxed)
         {
             tracing::info!(prefix = %self.inner.prefix, "redis rate limiter: backend recovered");
+        }
+        if answer.again {
+            c.resends_granted_before.fetch_add(1, Ordering::Relaxed);
         }
         if answer.granted {
             c.granted.fetch_add(1, Ordering::Relaxed);

@@ -126,23 +126,69 @@
 //! and the first failure after a success (and the recovery) is logged at
 //! `warn` (`info`) level through `tracing`. A [`peek`](RedisFunnel::peek)
 //! is not a decision: Redis failing to answer it is an error whatever the
-//! policy (a look cannot be granted), and it is not counted. The connection is a
-//! [`redis::aio::ConnectionManager`], which reconnects on its own; it is set
-//! to make one connection attempt per reconnection, without backoff, so
-//! while Redis refuses connections a decision fails at once (in about a
-//! tenth of a millisecond on loopback) instead of waiting out its deadline,
-//! and the first decision after Redis is back reconnects.
+//! policy (a look cannot be granted), and it is not counted.
 //!
-//! A connection the server closed while it was idle (`CLIENT KILL`, the
-//! server's idle `timeout`, a restart) is found closed by the next
-//! decision before its request is sent: that decision reconnects and sends
-//! its request once more, within the same deadline, so Redis decides it
-//! (counted in [`RedisStats::retries`]). A request that may have been sent
-//! is never sent again — the script pours, and Redis may have run it — so
-//! a connection lost while a request is in flight fails that decision by
-//! the policy. A Redis that accepts connections but does not answer
-//! (stalled, or a host that drops packets) costs each decision its full
-//! deadline.
+//! On one server the connection is a multiplexed one that this crate makes
+//! again when it is lost, one connection attempt at a time, without
+//! backoff: while Redis refuses connections a decision fails at once (in
+//! about a tenth of a millisecond on loopback) instead of waiting out its
+//! deadline, and the first decision after Redis is back reconnects. Its
+//! socket is watched, so a connection the server closed while it was idle
+//! (`CLIENT KILL`, the server's idle `timeout`, a proxy's, a restart) is
+//! seen closed before the next decision is sent on it: that decision
+//! connects again and is sent once.
+//!
+//! # A resent decision never pours twice
+//!
+//! A connection can still fail with a decision in flight — after Redis ran
+//! the script and before its reply came back, or before the request left —
+//! and no client can tell which. So resending is made harmless instead of
+//! avoided: every decision carries a random 64-bit request id, the same in
+//! each attempt, and a grant keeps its id beside the key's state (the 16
+//! latest grants' ids, for twice the decision's deadline). A decision that
+//! fails on the connection is sent once more, on a new connection, within
+//! its deadline (counted in [`RedisStats::retries`]); Redis answers a
+//! resend whose id it kept from that grant, without pouring again
+//! (counted in [`RedisStats::resends_granted_before`]), and decides any
+//! other resend anew — its first attempt granted nothing, since a refusal
+//! writes nothing. The one case it cannot tell, a resend whose key had
+//! more than 16 grants since its first attempt (over 16 grants of one key
+//! within a round trip or two), fails by the policy rather than risk a
+//! second pour. This holds for single calls, batches (a batch's pipeline is
+//! resent whole; each request has its own id) and clusters alike.
+//!
+//! The cost: a key's state grows by the ids, about 20 bytes per grant kept
+//! (see the README's figures), and a key lives in Redis until its bands
+//! have drained or twice the deadline after its last grant, whichever is
+//! later (400 ms by default; limits whose window is shorter keep their keys
+//! that much longer). Errors Redis answers (a script error, a timeout of
+//! ours) are not resent. A Redis that accepts connections but does not
+//! answer (stalled, or a host that drops packets) costs each decision its
+//! full deadline.
+//!
+//! # What the refusal cache promises
+//!
+//! With the [refusal cache](RedisFunnelBuilder::refusal_cache) on (the
+//! default), a refusal Redis gave is answered in this process, without a
+//! round trip, only to a request of the same key, under the same quota (and
+//! so the same prefix: the cache is the limiter's), of at least as many
+//! permits, until the instant Redis said they could fit — a refusal Redis
+//! would give too, since its state of a key only ever moves later. It is
+//! dropped as soon as anything says that state may have moved back: a
+//! grant Redis gives the key (any decision, any quota), a peek that shows
+//! the refused request would fit, a new connection (the server may have
+//! restarted without its data, or be another one behind the same address),
+//! and on a cluster any connection failure or redirect (the slot may be
+//! served by a promoted replica). A connection the server closed is seen
+//! without a round trip; before answering from a refusal learned through
+//! it, the limiter tries to connect again: if Redis is back, Redis decides.
+//!
+//! While Redis cannot be reached, a cached refusal still refuses, whatever
+//! the [`FailurePolicy`]: Redis, back with its data, would refuse it too.
+//! Every other request is decided by the policy — failing open, granted.
+//! What no client can see is a key deleted or rewritten by hand while the
+//! connection stays up: the cache then refuses for at most the
+//! `retry_after` it was told, or until the key's next grant.
 //!
 //! Waiting (`acquire`) is a loop of decisions: sleep `retry_after`, ask
 //! again. There is no queue shared between replicas, so waiters are not
@@ -178,14 +224,16 @@
 //!   (`CLUSTER SLOTS`, read at build and again after any node failed a
 //!   batch); a batch sent on a stale copy fails by the policy for the node
 //!   that moved.
-//! * **Retries.** The cluster client is built with no retries of its own:
-//!   it would resend a request after a dropped connection, which may follow
-//!   the node running it (two pours). The limiter resends only what a node
-//!   refused before running it: a call answered `MOVED` once (the client
-//!   has read the new topology by then), one answered `ASK` to the node
-//!   named, one answered `NOSCRIPT` after loading the script on that node.
-//!   `CLUSTERDOWN` and `TRYAGAIN` fail the decision by the policy at once.
-//!   A batch's pipeline is never resent.
+//! * **Retries.** The cluster client is built with no retries of its own
+//!   (it would resend a request blindly, up to 16 times). The limiter
+//!   sends again what a node refused before running it — a call answered
+//!   `MOVED` to the node named (the client reads the new topology too), one
+//!   answered `ASK` to the node named, one answered `NOSCRIPT` after
+//!   loading the script on that node — and, once, a decision or a batch's
+//!   pipeline that failed on the connection, as on one server: harmless,
+//!   since a resend is answered from its grant if it had run (see
+//!   [above](#a-resent-decision-never-pours-twice)). `CLUSTERDOWN` and
+//!   `TRYAGAIN` fail the decision by the policy at once.
 //! * **Failover.** While a slot has no master (its master died, its replica
 //!   is not promoted yet) every decision on it fails by the policy: with
 //!   Redis's default `cluster-require-full-coverage yes`, every slot does.

@@ -2,15 +2,31 @@
 //! call and the batch's pipeline, the parsing of the reply, and the
 //! read-only look a peek makes.
 //!
-//! A decision is `EVALSHA <sha> 1 <prefix + key>` and then, for each band of
-//! the quota, `unit cost_us cost_rem tau_us tau_rem` (the order `gcra.lua`
-//! reads `ARGV` in): one call whatever the number of bands.
-//! [`RedisFunnel::invocation`] is the one place that builds it.
+//! A decision is `EVALSHA <sha> 1 <prefix + key> <id> <horizon> <resend>`
+//! and then, for each band of the quota, `unit cost_us cost_rem tau_us
+//! tau_rem` (the order `gcra.lua` reads `ARGV` in): one call whatever the
+//! number of bands. [`RedisFunnel::invocation`] is the one place that
+//! builds it.
+//!
+//! # Resending
+//!
+//! A connection can fail after Redis ran a script and before its reply
+//! came back, and the `redis` crate cannot tell that from a connection
+//! that failed before the request left (both are a dropped connection). So
+//! a resend is made harmless instead: every decision carries a random
+//! 64-bit id, the same in every attempt, and a grant keeps its id beside
+//! the key's state for a horizon of twice the decision's deadline. A
+//! decision that fails on the connection is sent once more, within its
+//! deadline, on a new connection, marked as a resend: if Redis finds its
+//! id among the key's latest grants it answers that grant again and pours
+//! nothing; if the id is not there, the first attempt granted nothing (a
+//! refusal writes nothing, and one that never ran did not either), so
+//! deciding it now is its only decision. The one case it cannot tell — more
+//! than `MAX_IDS` (16) grants of the key since the first attempt's, so its
+//! id may have been evicted — fails the decision by the policy rather than
+//! risk a second pour.
 
-use std::future::poll_fn;
-use std::pin::pin;
 use std::sync::atomic::Ordering;
-use std::task::Poll;
 
 use ::redis::{
     ErrorKind, FromRedisValue, RedisError, RedisResult, ScriptInvocation, ServerErrorKind,
@@ -54,6 +70,9 @@ pub(super) fn texts(conn: &Conn) -> (&'static str, &'static str) {
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Answer {
     pub(super) granted: bool,
+    /// Granted by an earlier attempt of the same decision, whose reply was
+    /// lost: nothing was poured this time.
+    pub(super) again: bool,
     pub(super) now_us: u64,
     /// When refused, each band's wait in its own units (zero where it
     /// grants), in the quota's order.
@@ -66,8 +85,10 @@ pub(super) struct Answer {
 
 impl Answer {
     /// The reply to a decision over `bands` bands: `[1, now]` (a read),
-    /// `[1, now]` and two numbers per band (the new instants), or `[0,
-    /// now]` and four numbers per band (the waits, then the instants).
+    /// `[1, now]` and two numbers per band (the new instants), `[2, now]`
+    /// and two numbers per band (granted by an earlier attempt: the
+    /// instants as read), or `[0, now]` and four numbers per band (the
+    /// waits, then the instants).
     pub(super) fn parse(reply: &[i64], bands: usize) -> RedisResult<Answer> {
         let unexpected = || {
             RedisError::from((
@@ -94,7 +115,7 @@ impl Answer {
         }
         let (waits, instants) = match (granted, rest.len()) {
             (1, 0) => ([Split { us: 0, rem: 0 }; MAX_BANDS], None),
-            (1, len) if len == 2 * bands => {
+            (1 | 2, len) if len == 2 * bands => {
                 ([Split { us: 0, rem: 0 }; MAX_BANDS], Some(splits(rest)?))
             }
             (0, len) if len == 4 * bands => {
@@ -104,7 +125,8 @@ impl Answer {
             _ => return Err(unexpected()),
         };
         Ok(Answer {
-            granted: granted == 1,
+            granted: granted != 0,
+            again: granted == 2,
             now_us,
             waits,
             instants,
@@ -170,11 +192,60 @@ async fn invoke<T: FromRedisValue>(
                 let Some((node, _slot)) = e.redirect_node() else {
                     return Err(e);
                 };
+                // The slot moved: refusals cached from its old master may
+                // not hold on the new one.
+                conn.may_have_moved();
                 target = Some((node.to_owned(), kind == ServerErrorKind::Ask));
                 redirects += 1;
             }
             _ => return Err(e),
         }
+    }
+}
+
+/// Whether `e` is a failure of the connection (dropped, reset, refused,
+/// or any other I/O error), as opposed to an answer from Redis or our own
+/// deadline.
+pub(super) fn connection_failed(e: &RedisError) -> bool {
+    !e.is_timeout() && (e.is_io_error() || e.is_connection_dropped() || e.is_unrecoverable_error())
+}
+
+/// A decision's id: random, the same in every attempt of the decision, so
+/// that the script can tell a resend from a new request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct RequestId(u64);
+
+impl RequestId {
+    /// Sixteen hex digits, as the script keeps them.
+    fn hex(self) -> String {
+        format!("{:016x}", self.0)
+    }
+}
+
+/// Where a limiter's request ids come from: a counter through `SipHash`
+/// keyed at random (std's `RandomState`, keyed from the OS's randomness),
+/// so ids are unpredictable, distinct within a limiter, and independent
+/// between processes. Two decisions of one key share an id with
+/// probability about 2⁻⁶⁴ per pair.
+pub(super) struct Ids {
+    hasher: std::collections::hash_map::RandomState,
+    next: std::sync::atomic::AtomicU64,
+}
+
+impl Ids {
+    pub(super) fn new() -> Ids {
+        Ids {
+            hasher: std::collections::hash_map::RandomState::new(),
+            next: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    pub(super) fn next(&self) -> RequestId {
+        use std::hash::BuildHasher;
+        RequestId(
+            self.hasher
+                .hash_one(self.next.fetch_add(1, Ordering::Relaxed)),
+        )
     }
 }
 
@@ -187,23 +258,29 @@ pub(super) fn missing_reply() -> RedisLimitError {
 }
 
 impl RedisFunnel {
-    /// One script call, within the deadline (a second attempt included,
-    /// see [`resend_if_unsent`](Self::resend_if_unsent)).
+    /// One script call, within the deadline (a resend included, see
+    /// [`resend_after_connection_error`](Self::resend_after_connection_error)).
     pub(super) async fn eval(
         &self,
         key: &str,
         quota: &Encoded,
         n: u32,
     ) -> Result<Answer, RedisLimitError> {
-        let attempt = || {
+        let id = self.inner.ids.next();
+        let attempt = |resend| {
             let mut conn = self.inner.conn.clone();
-            let call = self.invocation(key, quota, n);
+            let call = self.invocation(key, quota, n, id, resend);
             // Boxed: the call's state (its pipelines, a redirect's) would
             // otherwise weigh on every caller's future, twice.
             let text = texts(&conn).0;
             async move { Box::pin(invoke::<Reply>(&mut conn, text, &call)).await }
         };
-        match clock::timeout(self.inner.timeout, self.resend_if_unsent(attempt)).await {
+        match clock::timeout(
+            self.inner.timeout,
+            self.resend_after_connection_error(attempt),
+        )
+        .await
+        {
             Err(_) => Err(self.timed_out()),
             Ok(Err(e)) => Err(self.backend(e)),
             Ok(Ok(reply)) => {
@@ -215,21 +292,26 @@ impl RedisFunnel {
     /// The server's time (whole microseconds) and `key`'s stored bands, in
     /// one round trip that changes nothing, within the deadline. The look
     /// is read-only, so sending it again is always safe; it goes through
-    /// the same [`resend_if_unsent`](Self::resend_if_unsent) as a decision.
+    /// the same [`resend_after_connection_error`](Self::resend_after_connection_error)
+    /// as a decision.
     pub(super) async fn look(&self, key: &str) -> Result<(u64, Vec<Stored>), RedisLimitError> {
-        let attempt = || {
+        let attempt = |_resend| {
             let mut conn = self.inner.conn.clone();
             let mut call = self.inner.peek_script.prepare_invoke();
             call.key(self.redis_key(key));
             let text = texts(&conn).1;
             async move { Box::pin(invoke::<Look>(&mut conn, text, &call)).await }
         };
-        let (now, state) =
-            match clock::timeout(self.inner.timeout, self.resend_if_unsent(attempt)).await {
-                Err(_) => return Err(self.timed_out()),
-                Ok(Err(e)) => return Err(self.backend(e)),
-                Ok(Ok(look)) => look,
-            };
+        let (now, state) = match clock::timeout(
+            self.inner.timeout,
+            self.resend_after_connection_error(attempt),
+        )
+        .await
+        {
+            Err(_) => return Err(self.timed_out()),
+            Ok(Err(e)) => return Err(self.backend(e)),
+            Ok(Ok(look)) => look,
+        };
         let now_us = u64::try_from(now).map_err(|_| {
             RedisLimitError::Backend(RedisError::from((
                 ErrorKind::UnexpectedReturnType,
@@ -249,59 +331,58 @@ impl RedisFunnel {
         Ok((now_us, stored))
     }
 
-    /// Runs `attempt`, and runs it once more if it failed before its
-    /// request could leave this process; the caller's deadline covers
-    /// both.
+    /// Runs `attempt(false)`, and when it failed on the connection, runs
+    /// `attempt(true)` (a resend) once, on a new connection; the caller's
+    /// deadline covers both.
     ///
-    /// The script pours, so a request Redis may have run must not be sent
-    /// again. The `redis` crate reports a connection closed before the send
-    /// and one closed after it with the same error (`BrokenPipe`, from its
-    /// connection task having ended), so the error alone proves nothing.
-    /// What proves it is *when* it came: the connection manager hands a
-    /// request to its connection task through a channel, and only that
-    /// task writes to the socket. An attempt that fails on its first poll
-    /// with a dropped connection failed in that hand-over — the task had
-    /// already ended (the server closed the idle connection: `CLIENT KILL`,
-    /// its idle `timeout`, a restart) or the reconnection had already
-    /// failed — so nothing was written, and the manager is now
-    /// reconnecting. (On a multi-thread runtime that task runs alongside;
-    /// for a request it wrote to fail within our one poll, Redis would have
-    /// to receive and run it and the close come back between two steps of
-    /// that poll, well under one loopback round trip.) Any later failure
-    /// may follow a write, and stands. The
-    /// first poll runs unconstrained so that a caller's spent cooperative
-    /// budget cannot turn that hand-over into `Pending` (tokio 1.54 reports
-    /// a closed channel before it checks the budget, but does not promise
-    /// to).
-    pub(super) async fn resend_if_unsent<T, F, Fut>(&self, mut attempt: F) -> RedisResult<T>
+    /// Any connection-level failure is resent — before the request was
+    /// written or after, which the `redis` crate cannot tell apart — since
+    /// the resend is harmless: the script answers a resent decision that
+    /// had granted from the grant's id, without pouring again (see the
+    /// [module docs](self)). Errors Redis answered (a script error,
+    /// `NOSCRIPT` after a reload, a redirect after the ones followed) and
+    /// timeouts are not resent.
+    pub(super) async fn resend_after_connection_error<T, F, Fut>(
+        &self,
+        mut attempt: F,
+    ) -> RedisResult<T>
     where
-        F: FnMut() -> Fut,
+        F: FnMut(bool) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
-        let mut first = pin!(tokio::task::unconstrained(attempt()));
-        match poll_fn(|cx| Poll::Ready(first.as_mut().poll(cx))).await {
-            Poll::Ready(Err(e)) if e.is_connection_dropped() => {
+        match attempt(false).await {
+            Err(e) if connection_failed(&e) => {
                 self.inner.counters.retries.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(
                     prefix = %self.inner.prefix,
                     error = %e,
-                    "redis rate limiter: connection closed before the request was sent, sending again",
+                    "redis rate limiter: the connection failed, sending the decision again",
                 );
-                attempt().await
+                attempt(true).await
             }
-            Poll::Ready(result) => result,
-            Poll::Pending => first.await,
+            result => result,
         }
     }
 
     /// The script call that pours `n` units into every band of `key`'s
-    /// funnel under `quota`: its key and arguments, five per band, in the
-    /// order `gcra.lua` reads them. The single call ([`eval`](Self::eval))
-    /// and the batch ([`pipeline`](Self::pipeline)) both send what this
-    /// builds, so they cannot disagree.
-    fn invocation(&self, key: &str, quota: &Encoded, n: u32) -> ScriptInvocation<'_> {
+    /// funnel under `quota`: its key, the request's id, the horizon its id
+    /// is kept for and whether it is a resend, then five arguments per
+    /// band, in the order `gcra.lua` reads them. The single call
+    /// ([`eval`](Self::eval)) and the batch ([`pipeline`](Self::pipeline))
+    /// both send what this builds, so they cannot disagree.
+    fn invocation(
+        &self,
+        key: &str,
+        quota: &Encoded,
+        n: u32,
+        id: RequestId,
+        resend: bool,
+    ) -> ScriptInvocation<'_> {
         let mut call = self.inner.script.prepare_invoke();
-        call.key(self.redis_key(key));
+        call.key(self.redis_key(key))
+            .arg(id.hex())
+            .arg(self.id_horizon_us())
+            .arg(u8::from(resend));
         for e in quota.bands() {
             let (cost, tau) = (e.cost(n), e.tau());
             call.arg(e.unit())
@@ -311,6 +392,14 @@ impl RedisFunnel {
                 .arg(tau.rem);
         }
         call
+    }
+
+    /// How long a grant's id is kept beside the key's state, in
+    /// microseconds: twice the decision's deadline, so that a resend that
+    /// reaches Redis as late as a whole deadline after its first attempt
+    /// still finds it.
+    fn id_horizon_us(&self) -> u64 {
+        u64::try_from(self.inner.timeout.as_micros().saturating_mul(2)).unwrap_or(u64::MAX)
     }
 
     /// Script calls for many keys, each under the limiter's own quota,
@@ -323,8 +412,9 @@ impl RedisFunnel {
         asked: &[(&str, u32)],
     ) -> Vec<Result<Reply, RedisLimitError>> {
         let deadline = clock::now() + self.inner.timeout;
-        let Conn::Cluster { conn, slots } = &self.inner.conn else {
-            return self.eval_on_one_node(asked, deadline).await;
+        let ids: Vec<RequestId> = asked.iter().map(|_| self.inner.ids.next()).collect();
+        let Conn::Cluster { conn, slots, .. } = &self.inner.conn else {
+            return self.eval_on_one_node(asked, &ids, deadline).await;
         };
         let mut conn = conn.clone();
         let table = match clock::timeout_at(deadline, slots.table(&mut conn)).await {
@@ -336,7 +426,8 @@ impl RedisFunnel {
         let groups = table.group(keys.iter().map(String::as_bytes));
         let sent = groups.iter().map(|group| {
             let mine: Vec<(&str, u32)> = group.iter().map(|&i| asked[i]).collect();
-            async move { self.eval_on_one_node(&mine, deadline).await }
+            let my_ids: Vec<RequestId> = group.iter().map(|&i| ids[i]).collect();
+            async move { self.eval_on_one_node(&mine, &my_ids, deadline).await }
         });
         let mut replies: Vec<Option<Result<Reply, RedisLimitError>>> = vec![None; asked.len()];
         for (group, answers) in groups.iter().zip(futures::future::join_all(sent).await) {
@@ -359,19 +450,27 @@ impl RedisFunnel {
 
     /// Script calls for keys of one node in one pipeline, within
     /// `deadline`; the ones that find the script flushed go again in one
-    /// more pipeline that loads it first (to the same node).
+    /// more pipeline that loads it first (to the same node). A pipeline
+    /// that fails on the connection is resent whole, marked as a resend:
+    /// each request carries its own id (`ids[i]` is `asked[i]`'s), so the
+    /// ones that had run answer their first grant again.
     async fn eval_on_one_node(
         &self,
         asked: &[(&str, u32)],
+        ids: &[RequestId],
         deadline: tokio::time::Instant,
     ) -> Vec<Result<Reply, RedisLimitError>> {
         // Boxed, as a single call's (see `eval`).
-        let attempt = || {
-            Box::pin(async {
+        let attempt = |resend| {
+            Box::pin(async move {
                 let mut conn = self.inner.conn.clone();
                 let first = self.redis_key(asked[0].0);
                 let mut replies: Vec<RedisResult<Reply>> = conn
-                    .replies(self.pipeline(asked, false), 0, first.as_bytes())
+                    .replies(
+                        self.pipeline(asked, ids, false, resend),
+                        0,
+                        first.as_bytes(),
+                    )
                     .await?;
                 let missing: Vec<usize> = (0..replies.len())
                 .filter(|&i| {
@@ -380,8 +479,13 @@ impl RedisFunnel {
                 .collect();
                 if !missing.is_empty() {
                     let again: Vec<(&str, u32)> = missing.iter().map(|&i| asked[i]).collect();
+                    let again_ids: Vec<RequestId> = missing.iter().map(|&i| ids[i]).collect();
                     let retried: Vec<RedisResult<Reply>> = conn
-                        .replies(self.pipeline(&again, true), 1, first.as_bytes())
+                        .replies(
+                            self.pipeline(&again, &again_ids, true, resend),
+                            1,
+                            first.as_bytes(),
+                        )
                         .await?;
                     for (i, r) in missing.into_iter().zip(retried) {
                         replies[i] = r;
@@ -391,7 +495,7 @@ impl RedisFunnel {
             })
         };
         let mut replies: Vec<Result<Reply, RedisLimitError>> =
-            match clock::timeout_at(deadline, self.resend_if_unsent(attempt)).await {
+            match clock::timeout_at(deadline, self.resend_after_connection_error(attempt)).await {
                 Ok(Ok(replies)) => replies
                     .into_iter()
                     .map(|r| r.map_err(|e| self.backend(e)))
@@ -409,7 +513,13 @@ impl RedisFunnel {
     /// others); after a `SCRIPT LOAD` (whose reply is not kept) when
     /// `load`. Unlike the single call, a pipeline does not reload the
     /// script itself: [`eval_on_one_node`](Self::eval_on_one_node) does.
-    fn pipeline(&self, asked: &[(&str, u32)], load: bool) -> ::redis::Pipeline {
+    fn pipeline(
+        &self,
+        asked: &[(&str, u32)],
+        ids: &[RequestId],
+        load: bool,
+        resend: bool,
+    ) -> ::redis::Pipeline {
         let mut pipe = ::redis::Pipeline::with_capacity(asked.len() + 1);
         pipe.ignore_errors();
         if load {
@@ -418,14 +528,18 @@ impl RedisFunnel {
                 .arg(texts(&self.inner.conn).0)
                 .ignore();
         }
-        for &(key, n) in asked {
-            pipe.invoke_script(&self.invocation(key, &self.inner.encoded, n));
+        for (&(key, n), &id) in asked.iter().zip(ids) {
+            pipe.invoke_script(&self.invocation(key, &self.inner.encoded, n, id, resend));
         }
         pipe
     }
 
     /// A Redis error; its own timeouts count as ours.
     pub(super) fn backend(&self, e: RedisError) -> RedisLimitError {
+        if connection_failed(&e) {
+            // The client reconnects on its own, maybe to another server.
+            self.inner.conn.may_have_moved();
+        }
         if e.is_timeout() {
             self.timed_out()
         } else {

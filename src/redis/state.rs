@@ -6,7 +6,10 @@
 //! theoretical arrival time (when it is empty) as an absolute pair in the
 //! units it was written in (see `repr.rs`). A one-band state is the format
 //! of the one-band script that came before quotas, so keys it wrote read
-//! as they did.
+//! as they did. After a grant the bands are followed by
+//! `" | <keep> <evicted> <id>..."`, the latest grants' request ids (see
+//! `gcra.lua`: what makes a resent decision harmless); a peek reads past
+//! them.
 
 use super::repr::{Encoded, Encoding, Split};
 use crate::{BandState, Peek, TryAcquireError};
@@ -26,6 +29,19 @@ pub(crate) struct Stored {
 /// malformed here; the script, which never writes one, would read it
 /// rounded.
 pub(crate) fn parse(state: &str) -> Option<Vec<Stored>> {
+    let state = match state.split_once(" | ") {
+        None => state,
+        Some((bands, ids)) => {
+            let mut head = ids.splitn(3, ' ');
+            let digits = |s: Option<&str>| {
+                s.is_some_and(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+            };
+            if !digits(head.next()) || !digits(head.next()) {
+                return None;
+            }
+            bands
+        }
+    };
     let numbers: Vec<&str> = state.split(' ').collect();
     if numbers.len() % 3 != 0 {
         return None;
@@ -152,6 +168,15 @@ mod tests {
             parse("1712345678901234 2000 3000 5 0 1000"),
             Some(vec![one, two])
         );
+        // The grants' ids after the bands are read past.
+        assert_eq!(
+            parse("1712345678901234 2000 3000 | 1712345679 0 0123456789abcdef"),
+            Some(vec![one])
+        );
+        assert_eq!(
+            parse("1712345678901234 2000 3000 5 0 1000 | 17 16 a b"),
+            Some(vec![one, two])
+        );
         for bad in [
             "",
             " ",
@@ -166,6 +191,10 @@ mod tests {
             "1 2 +3",
             "99999999999999999999999 0 1",
             "not a state",
+            "1 2 3 | ",
+            "1 2 3 | 4",
+            "1 2 3 | x 5 id",
+            " | 4 5 id",
         ] {
             assert_eq!(parse(bad), None, "{bad:?}");
         }

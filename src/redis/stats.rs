@@ -30,10 +30,15 @@ pub struct RedisStats {
     /// Of the backend errors, how many were granted by
     /// [`FailurePolicy::Open`].
     pub fail_open_grants: u64,
-    /// Decisions sent a second time because the first attempt found the
-    /// connection already closed, before anything was sent (counted once
-    /// in `decisions`, whatever the second attempt answered).
+    /// Decisions sent a second time because the first attempt failed on
+    /// the connection (closed while idle, reset, or lost with the request
+    /// in flight): counted once in `decisions`, whatever the second attempt
+    /// answered. A batch's pipeline to one node counts once.
     pub retries: u64,
+    /// Of the retries, the decisions Redis had granted already on their
+    /// first attempt, whose reply was lost: answered from that grant,
+    /// without pouring again (each key of a batch counts once).
+    pub resends_granted_before: u64,
     /// Requests refused by the refusal cache, without asking Redis (see
     /// [`RedisFunnelBuilder::refusal_cache`](super::RedisFunnelBuilder::refusal_cache)).
     pub cached_refusals: u64,
@@ -50,6 +55,7 @@ pub(super) struct Counters {
     pub(super) timeouts: AtomicU64,
     pub(super) fail_open_grants: AtomicU64,
     pub(super) retries: AtomicU64,
+    pub(super) resends_granted_before: AtomicU64,
     pub(super) cached_refusals: AtomicU64,
 }
 
@@ -65,6 +71,7 @@ impl Counters {
             timeouts: get(&self.timeouts),
             fail_open_grants: get(&self.fail_open_grants),
             retries: get(&self.retries),
+            resends_granted_before: get(&self.resends_granted_before),
             cached_refusals: get(&self.cached_refusals),
         }
     }
