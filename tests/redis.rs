@@ -1759,15 +1759,17 @@ async fn one_round_trip_per_decision_whatever_the_bands() {
                 ("pexpireat", 1)
             ])
         );
-        // The state holds three numbers per band, then the three grants'
-        // ids (16 hex digits each) after when they are kept until and the
-        // last eviction (none).
+        // The state holds three numbers per band, then when the grants'
+        // ids are kept until, the last eviction (none), and the three
+        // grants' ids (16 hex digits each) with their server times (14).
         let state: String = cmd(&mut con, &["GET", &format!("rt{i}:k")]).await;
         assert_eq!(bands_of(&state).len(), quota.bands().len(), "{state}");
         let ids: Vec<&str> = state.split_once(" | ").unwrap().1.split(' ').collect();
-        assert_eq!(ids.len(), 2 + 3, "{state}");
+        assert_eq!(ids.len(), 2 + 2 * 3, "{state}");
         assert_eq!(ids[1], "0", "{state}");
-        assert!(ids[2..].iter().all(|id| id.len() == 16), "{state}");
+        for grant in ids[2..].chunks(2) {
+            assert_eq!((grant[0].len(), grant[1].len()), (16, 14), "{state}");
+        }
     }
 }
 

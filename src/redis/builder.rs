@@ -13,7 +13,7 @@ use super::cluster::{self, Slots};
 use super::conn::{Conn, Node};
 use super::limiter::Inner;
 use super::repr::Encoded;
-use super::script::{Ids, texts};
+use super::script::{Ids, ServerClock, texts};
 use super::stats::Counters;
 use super::{FailurePolicy, RedisBuildError, RedisFunnel, RedisLimitError};
 use crate::{ConfigError, Quota, Rate, clock};
@@ -319,6 +319,7 @@ impl RedisFunnelBuilder {
                 counters: Counters::default(),
                 healthy: AtomicBool::new(true),
                 ids: Ids::new(),
+                server_clock: ServerClock::new(matches!(self.target, Target::Cluster(_))),
                 refusals: (self.refusal_cache > 0).then(|| RefusalCache::new(self.refusal_cache)),
             }),
         };

@@ -14,14 +14,17 @@
 --          each band's theoretical arrival time (when it is empty), absolute;
 --          absent = every band empty. A band beyond the ones stored reads as
 --          empty; stored bands beyond ARGV's are written back as they are.
---          Then, once a grant has been written, " | <keep> <evicted> <id>...":
---          the ids of the latest grants (at most MAX_IDS, oldest first), kept
---          until the server time <keep> (us), and when the last id was
---          evicted to make room (<evicted>, us; 0 for never).
+--          Then, once a grant has been written, " | <keep> <evicted> <id> <at>
+--          ...": the ids of the latest grants (at most MAX_IDS, oldest first,
+--          each with the server time it was granted at, 14 hex digits of
+--          us), kept until the server time <keep> (us), and when the
+--          latest id evicted to make room had been granted (<evicted>, us;
+--          0 for none).
 -- ARGV     the request's id (16 hex digits, random per decision), the
---          horizon (us) for which its id is kept, whether this is a resend
---          ('1') of a request that may have run; then per band: unit,
---          cost_us, cost_rem, tau_us, tau_rem
+--          horizon (us) for which its id is kept, and 'f' for a first
+--          attempt or, for a resend of a request that may have run, a
+--          server time (us) no later than that first attempt could have
+--          run; then per band: unit, cost_us, cost_rem, tau_us, tau_rem
 -- Returns  {1, now_us, end_us, end_rem, ...} when every band grants, then
 --          every band is written: each band's new instant (what the caller
 --          shows as the state); {1, now_us} for n = 0 (a read);
@@ -31,15 +34,15 @@
 --          nothing written; {2, now_us, at_us, at_rem, ...} when a grant
 --          with this id was written already (a resend of a request whose
 --          reply was lost): nothing poured again, each band's instant as
---          read. A resend whose id is not kept, when an id was evicted
---          within its horizon, is answered with an error: whether it ran
---          cannot be told, and it must not pour twice.
+--          read. A resend whose id is not kept, when an id granted since its
+--          first attempt could have run was evicted, is answered with an
+--          error: whether it ran cannot be told, and it must not pour twice.
 
 -- Ids of the latest grants kept per key: a resend finds its first
 -- attempt's among them unless this many grants came after it.
 local MAX_IDS = 16
 
-local id, horizon, resend = ARGV[1], tonumber(ARGV[2]), ARGV[3] == '1'
+local id, horizon, since = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local bands = (#ARGV - 3) / 5
 
 local t = redis.call('TIME')
@@ -89,10 +92,16 @@ if ARGV[5] == '0' and ARGV[6] == '0' then
   return {1, now}
 end
 
--- Ids are 16 hex digits, one space apart: a plain find is exact.
-local granted_before = #ids > 0 and string.find(ids, id, 1, true) ~= nil
-if resend and not granted_before and evicted > 0 and evicted + horizon >= now then
-  return redis.error_reply('tokio-ratelimit: a resent decision whose first attempt cannot be told')
+-- A resend: its first attempt ran and granted iff its id is kept (ids are
+-- the only runs of 16 hex digits: a plain find is exact), unless an id
+-- granted since that attempt could have run (at `since` or later) was
+-- evicted (ids go oldest first): then it cannot be told.
+local granted_before = false
+if since then
+  granted_before = #ids > 0 and string.find(ids, id, 1, true) ~= nil
+  if not granted_before and evicted > 0 and evicted >= since then
+    return redis.error_reply('tokio-ratelimit: a resent decision whose first attempt cannot be told')
+  end
 end
 
 -- Each band: end = max(tat, now) + cost; water = end - now (now is whole
@@ -169,12 +178,15 @@ if kept then
     end
   end
 end
+-- Each entry is 31 characters (16 + 1 + 14), one space apart.
+local entry = id .. string.format(' %014x', now)
 if #ids == 0 then
-  ids = id
-elseif #ids >= MAX_IDS * 17 - 1 then
-  ids, evicted = string.sub(ids, 18) .. ' ' .. id, now
+  ids = entry
+elseif #ids >= MAX_IDS * 32 - 1 then
+  evicted = tonumber(string.sub(ids, 18, 31), 16)
+  ids = string.sub(ids, 33) .. ' ' .. entry
 else
-  ids = ids .. ' ' .. id
+  ids = ids .. ' ' .. entry
 end
 if now + horizon > keep then
   keep = now + horizon

@@ -12,7 +12,7 @@ use ::redis::{IntoConnectionInfo, Script};
 use super::cache::RefusalCache;
 use super::conn::Conn;
 use super::repr::Encoded;
-use super::script::{Answer, Ids};
+use super::script::{Answer, Ids, ServerClock};
 use super::state;
 use super::stats::Counters;
 use super::{IntoClient, RedisFunnelBuilder, RedisLimitError, RedisStats};
@@ -47,6 +47,8 @@ pub(super) struct Inner {
     pub(super) refusals: Option<RefusalCache>,
     /// Each decision's id (see `script.rs` on resends).
     pub(super) ids: Ids,
+    /// The servers' clocks as replies showed them (for resends).
+    pub(super) server_clock: ServerClock,
 }
 
 /// What a [`RedisFunnel`] does with a decision Redis could not make (an
@@ -434,6 +436,7 @@ impl RedisFunnel {
             .collect();
         if !asked.is_empty() {
             let mut decided = self.eval_many(&asked).await.into_iter();
+            let back = clock::now();
             // In the requests' order, so that the cache learns each key's
             // answers in the order Redis gave them.
             for ((key, n), slot) in requests
@@ -447,6 +450,11 @@ impl RedisFunnel {
                 });
                 *slot = Some(match answer {
                     Ok(answer) => {
+                        self.inner.server_clock.saw(
+                            self.redis_key(key).as_bytes(),
+                            answer.now_us,
+                            back,
+                        );
                         let answer = self.answered(answer, quota);
                         self.remember(key, quota, *n, (sent, epoch), &answer);
                         answer

@@ -2,7 +2,7 @@
 //! call and the batch's pipeline, the parsing of the reply, and the
 //! read-only look a peek makes.
 //!
-//! A decision is `EVALSHA <sha> 1 <prefix + key> <id> <horizon> <resend>`
+//! A decision is `EVALSHA <sha> 1 <prefix + key> <id> <horizon> <since>`
 //! and then, for each band of the quota, `unit cost_us cost_rem tau_us
 //! tau_rem` (the order `gcra.lua` reads `ARGV` in): one call whatever the
 //! number of bands. [`RedisFunnel::invocation`] is the one place that
@@ -15,16 +15,28 @@
 //! that failed before the request left (both are a dropped connection). So
 //! a resend is made harmless instead: every decision carries a random
 //! 64-bit id, the same in every attempt, and a grant keeps its id beside
-//! the key's state for a horizon of twice the decision's deadline. A
-//! decision that fails on the connection is sent once more, within its
-//! deadline, on a new connection, marked as a resend: if Redis finds its
-//! id among the key's latest grants it answers that grant again and pours
-//! nothing; if the id is not there, the first attempt granted nothing (a
-//! refusal writes nothing, and one that never ran did not either), so
-//! deciding it now is its only decision. The one case it cannot tell — more
-//! than `MAX_IDS` (16) grants of the key since the first attempt's, so its
-//! id may have been evicted — fails the decision by the policy rather than
-//! risk a second pour.
+//! the key's state (the `MAX_IDS` = 16 latest grants', for a horizon of
+//! twice the decision's deadline). A decision that fails on the connection
+//! is sent once more, within its deadline, on a new connection, as a
+//! resend: if Redis finds its id among the key's latest grants it answers
+//! that grant again and pours nothing; if the id is not there, the first
+//! attempt granted nothing (a refusal writes nothing, and one that never
+//! ran did not either), so deciding it now is its only decision.
+//!
+//! Unless the id was evicted, by 16 later grants of the key. So the key
+//! keeps when it last evicted one, and a resend says the earliest server
+//! time its first attempt could have run at (`since`): a resend whose id is
+//! absent while an eviction came at or after `since` cannot be told, and
+//! fails by the policy rather than risk a second pour. `since` is a lower
+//! bound taken from the server itself (see [`ServerClock`]): the server
+//! time of the latest reply this limiter had from that server before the
+//! first attempt was sent, plus the local time since, less 0.1 % (a clock
+//! may run that much slower than the other). So only a key granted 16
+//! times between its first attempt and the resend — in about one round
+//! trip — is ever refused a resend. (What remains: a resend delayed in the
+//! network by more than a whole deadline may find its id dropped with the
+//! horizon, and pour again, for a decision its caller had already
+//! answered by the policy.)
 
 use std::sync::atomic::Ordering;
 
@@ -249,6 +261,77 @@ impl Ids {
     }
 }
 
+/// What a limiter has seen of its servers' clocks, to say how early a
+/// resend's first attempt could have run (`since`, in the script).
+///
+/// Every reply carries the server's `TIME` (`now_us`), read before the
+/// reply left, so before it arrived here: at the local instant `at` it was
+/// received, the server's clock read at least `now_us`. Clocks run at the
+/// same rate within 0.1 %, so at a later local instant `at + d` the server's
+/// reads at least `now_us + d − d/1000`; a request sent then runs no
+/// earlier, and at least a microsecond after the script that read
+/// `now_us` (a round trip lies between them). Kept per server: per slot on a cluster (each node has its own
+/// clock; a slot's requests go to one node, the slot's master), one entry
+/// on a single node. Only the latest reply per server is kept (a lower
+/// bound from long ago would carry more drift).
+pub(super) struct ServerClock {
+    cluster: bool,
+    seen: std::sync::Mutex<std::collections::HashMap<u16, (u64, tokio::time::Instant)>>,
+}
+
+impl ServerClock {
+    pub(super) fn new(cluster: bool) -> ServerClock {
+        ServerClock {
+            cluster,
+            seen: std::sync::Mutex::default(),
+        }
+    }
+
+    fn server(&self, key: &[u8]) -> u16 {
+        if self.cluster {
+            super::cluster::slot(key)
+        } else {
+            0
+        }
+    }
+
+    /// A reply about `key` (a Redis key) came back by `at`, read on the
+    /// server at `now_us`.
+    pub(super) fn saw(&self, key: &[u8], now_us: u64, at: tokio::time::Instant) {
+        let mut seen = self
+            .seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let server = self.server(key);
+        match seen.get(&server) {
+            Some(&(_, held)) if held > at => {}
+            _ => {
+                seen.insert(server, (now_us, at));
+            }
+        }
+    }
+
+    /// The earliest server time (µs) at which a request about `key` sent
+    /// at `sent` (no earlier than every reply seen) can run; 0 when nothing
+    /// is known.
+    pub(super) fn since(&self, key: &[u8], sent: tokio::time::Instant) -> u64 {
+        let seen = self
+            .seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(&(now_us, at)) = seen.get(&self.server(key)) else {
+            return 0;
+        };
+        // Sent after the reply arrived: the server's clock has gone on at
+        // least `later − later/1000` since it read `now_us`, and at least a
+        // microsecond (the reply crossed to here and the request back), so
+        // the request runs later than the script that read `now_us` —
+        // later than anything that script evicted.
+        let later = u64::try_from(sent.saturating_duration_since(at).as_micros()).unwrap_or(0);
+        now_us + 1 + (later - later / 1000)
+    }
+}
+
 /// A reply Redis did not send (fewer replies than commands).
 pub(super) fn missing_reply() -> RedisLimitError {
     RedisLimitError::Backend(RedisError::from((
@@ -267,9 +350,10 @@ impl RedisFunnel {
         n: u32,
     ) -> Result<Answer, RedisLimitError> {
         let id = self.inner.ids.next();
-        let attempt = |resend| {
+        let redis_key = self.redis_key(key);
+        let attempt = |since| {
             let mut conn = self.inner.conn.clone();
-            let call = self.invocation(key, quota, n, id, resend);
+            let call = self.invocation(key, quota, n, id, since);
             // Boxed: the call's state (its pipelines, a redirect's) would
             // otherwise weigh on every caller's future, twice.
             let text = texts(&conn).0;
@@ -277,14 +361,19 @@ impl RedisFunnel {
         };
         match clock::timeout(
             self.inner.timeout,
-            self.resend_after_connection_error(attempt),
+            self.resend_after_connection_error(redis_key.as_bytes(), attempt),
         )
         .await
         {
             Err(_) => Err(self.timed_out()),
             Ok(Err(e)) => Err(self.backend(e)),
             Ok(Ok(reply)) => {
-                Answer::parse(&reply, quota.bands().len()).map_err(RedisLimitError::Backend)
+                let answer =
+                    Answer::parse(&reply, quota.bands().len()).map_err(RedisLimitError::Backend)?;
+                self.inner
+                    .server_clock
+                    .saw(redis_key.as_bytes(), answer.now_us, clock::now());
+                Ok(answer)
             }
         }
     }
@@ -295,16 +384,17 @@ impl RedisFunnel {
     /// the same [`resend_after_connection_error`](Self::resend_after_connection_error)
     /// as a decision.
     pub(super) async fn look(&self, key: &str) -> Result<(u64, Vec<Stored>), RedisLimitError> {
-        let attempt = |_resend| {
+        let redis_key = self.redis_key(key);
+        let attempt = |_since| {
             let mut conn = self.inner.conn.clone();
             let mut call = self.inner.peek_script.prepare_invoke();
-            call.key(self.redis_key(key));
+            call.key(&redis_key);
             let text = texts(&conn).1;
             async move { Box::pin(invoke::<Look>(&mut conn, text, &call)).await }
         };
         let (now, state) = match clock::timeout(
             self.inner.timeout,
-            self.resend_after_connection_error(attempt),
+            self.resend_after_connection_error(redis_key.as_bytes(), attempt),
         )
         .await
         {
@@ -318,6 +408,9 @@ impl RedisFunnel {
                 "unexpected reply from the rate limiter's peek script",
             )))
         })?;
+        self.inner
+            .server_clock
+            .saw(redis_key.as_bytes(), now_us, clock::now());
         let stored = match state {
             None => vec![],
             Some(state) => state::parse(&state).ok_or_else(|| {
@@ -331,9 +424,11 @@ impl RedisFunnel {
         Ok((now_us, stored))
     }
 
-    /// Runs `attempt(false)`, and when it failed on the connection, runs
-    /// `attempt(true)` (a resend) once, on a new connection; the caller's
-    /// deadline covers both.
+    /// Runs `attempt(None)`, and when it failed on the connection, runs
+    /// `attempt(Some(since))` (a resend) once, on a new connection; the
+    /// caller's deadline covers both. `since` is the earliest server time
+    /// (µs) at which the first attempt could have run on the server of
+    /// `key` (a Redis key), from [`ServerClock::since`].
     ///
     /// Any connection-level failure is resent — before the request was
     /// written or after, which the `redis` crate cannot tell apart — since
@@ -344,13 +439,15 @@ impl RedisFunnel {
     /// timeouts are not resent.
     pub(super) async fn resend_after_connection_error<T, F, Fut>(
         &self,
+        key: &[u8],
         mut attempt: F,
     ) -> RedisResult<T>
     where
-        F: FnMut(bool) -> Fut,
+        F: FnMut(Option<u64>) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
-        match attempt(false).await {
+        let since = self.inner.server_clock.since(key, clock::now());
+        match attempt(None).await {
             Err(e) if connection_failed(&e) => {
                 self.inner.counters.retries.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(
@@ -358,7 +455,7 @@ impl RedisFunnel {
                     error = %e,
                     "redis rate limiter: the connection failed, sending the decision again",
                 );
-                attempt(true).await
+                attempt(Some(since)).await
             }
             result => result,
         }
@@ -366,8 +463,9 @@ impl RedisFunnel {
 
     /// The script call that pours `n` units into every band of `key`'s
     /// funnel under `quota`: its key, the request's id, the horizon its id
-    /// is kept for and whether it is a resend, then five arguments per
-    /// band, in the order `gcra.lua` reads them. The single call
+    /// is kept for and, for a resend, the earliest server time its first
+    /// attempt could have run at (`f` for a first attempt), then five
+    /// arguments per band, in the order `gcra.lua` reads them. The single call
     /// ([`eval`](Self::eval)) and the batch ([`pipeline`](Self::pipeline))
     /// both send what this builds, so they cannot disagree.
     fn invocation(
@@ -376,13 +474,16 @@ impl RedisFunnel {
         quota: &Encoded,
         n: u32,
         id: RequestId,
-        resend: bool,
+        since: Option<u64>,
     ) -> ScriptInvocation<'_> {
         let mut call = self.inner.script.prepare_invoke();
         call.key(self.redis_key(key))
             .arg(id.hex())
-            .arg(self.id_horizon_us())
-            .arg(u8::from(resend));
+            .arg(self.id_horizon_us());
+        match since {
+            None => call.arg("f"),
+            Some(since) => call.arg(since),
+        };
         for e in quota.bands() {
             let (cost, tau) = (e.cost(n), e.tau());
             call.arg(e.unit())
@@ -460,17 +561,15 @@ impl RedisFunnel {
         ids: &[RequestId],
         deadline: tokio::time::Instant,
     ) -> Vec<Result<Reply, RedisLimitError>> {
-        // Boxed, as a single call's (see `eval`).
-        let attempt = |resend| {
+        // Boxed, as a single call's (see `eval`). The batch's first key
+        // names the node, and so the server clock of `since`.
+        let first = self.redis_key(asked[0].0);
+        let attempt = |since| {
+            let first = &first;
             Box::pin(async move {
                 let mut conn = self.inner.conn.clone();
-                let first = self.redis_key(asked[0].0);
                 let mut replies: Vec<RedisResult<Reply>> = conn
-                    .replies(
-                        self.pipeline(asked, ids, false, resend),
-                        0,
-                        first.as_bytes(),
-                    )
+                    .replies(self.pipeline(asked, ids, false, since), 0, first.as_bytes())
                     .await?;
                 let missing: Vec<usize> = (0..replies.len())
                 .filter(|&i| {
@@ -482,7 +581,7 @@ impl RedisFunnel {
                     let again_ids: Vec<RequestId> = missing.iter().map(|&i| ids[i]).collect();
                     let retried: Vec<RedisResult<Reply>> = conn
                         .replies(
-                            self.pipeline(&again, &again_ids, true, resend),
+                            self.pipeline(&again, &again_ids, true, since),
                             1,
                             first.as_bytes(),
                         )
@@ -494,15 +593,19 @@ impl RedisFunnel {
                 Ok::<_, RedisError>(replies)
             })
         };
-        let mut replies: Vec<Result<Reply, RedisLimitError>> =
-            match clock::timeout_at(deadline, self.resend_after_connection_error(attempt)).await {
-                Ok(Ok(replies)) => replies
-                    .into_iter()
-                    .map(|r| r.map_err(|e| self.backend(e)))
-                    .collect(),
-                Ok(Err(e)) => vec![Err(self.backend(e)); asked.len()],
-                Err(_) => vec![Err(self.timed_out()); asked.len()],
-            };
+        let mut replies: Vec<Result<Reply, RedisLimitError>> = match clock::timeout_at(
+            deadline,
+            self.resend_after_connection_error(first.as_bytes(), attempt),
+        )
+        .await
+        {
+            Ok(Ok(replies)) => replies
+                .into_iter()
+                .map(|r| r.map_err(|e| self.backend(e)))
+                .collect(),
+            Ok(Err(e)) => vec![Err(self.backend(e)); asked.len()],
+            Err(_) => vec![Err(self.timed_out()); asked.len()],
+        };
         // Only if Redis answered fewer replies than commands.
         replies.resize_with(asked.len(), || Err(missing_reply()));
         replies
@@ -518,7 +621,7 @@ impl RedisFunnel {
         asked: &[(&str, u32)],
         ids: &[RequestId],
         load: bool,
-        resend: bool,
+        since: Option<u64>,
     ) -> ::redis::Pipeline {
         let mut pipe = ::redis::Pipeline::with_capacity(asked.len() + 1);
         pipe.ignore_errors();
@@ -529,7 +632,7 @@ impl RedisFunnel {
                 .ignore();
         }
         for (&(key, n), &id) in asked.iter().zip(ids) {
-            pipe.invoke_script(&self.invocation(key, &self.inner.encoded, n, id, resend));
+            pipe.invoke_script(&self.invocation(key, &self.inner.encoded, n, id, since));
         }
         pipe
     }
