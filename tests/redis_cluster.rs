@@ -836,3 +836,304 @@ async fn a_manual_failover_costs_no_decision() {
         (u64::from(2 * CAPACITY), 0)
     );
 }
+
+/// What a key was poured, read through `l` (a peek pours nothing), for a
+/// limiter whose capacity is `capacity` and whose rate is too slow to
+/// drain a permit during the test.
+async fn poured(l: &RedisFunnel, key: &str, capacity: u32) -> u32 {
+    capacity
+        - l.peek(key, 1)
+            .await
+            .unwrap()
+            .bands()
+            .next()
+            .unwrap()
+            .available
+}
+
+/// The issue's bar on a cluster: 200 rounds of every master closing every
+/// client connection (`CLIENT KILL`), a single call and a batch over all
+/// three masters right after each, no pause: no decision fails, and each
+/// key holds exactly the permits granted (a resend that had run is
+/// answered from its grant, not poured again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[expect(
+    clippy::await_holding_lock,
+    reason = "one cluster at a time: the lock is held across the test on purpose (each test has its own runtime)"
+)]
+async fn closed_connections_on_a_cluster_cost_no_decision() {
+    const CAPACITY: u32 = 100_000;
+    let _serial = serial();
+    let Some(cluster) = RedisCluster::start("closed_connections") else {
+        return;
+    };
+    let quota = Quota::new(Rate::per_minute(1), CAPACITY);
+    let l = RedisFunnel::cluster_builder(cluster.urls())
+        .quota(quota)
+        .prefix("k:")
+        .failure_policy(FailurePolicy::Closed)
+        .timeout(ms(500))
+        .build()
+        .await
+        .unwrap();
+    let masters = cluster.masters();
+    let mut admins = Vec::new();
+    for &m in &masters {
+        admins.push(admin(&cluster, m).await);
+    }
+    let keys: Vec<String> = masters
+        .iter()
+        .map(|&m| keys_on(&cluster, m, "k:", "on", 1).remove(0))
+        .collect();
+    let mut single = [0u32; 3];
+    for round in 0..200usize {
+        for con in &mut admins {
+            let _: i64 = cmd(con, &["CLIENT", "KILL", "TYPE", "normal"]).await;
+        }
+        let i = round % 3;
+        l.try_acquire_many(&keys[i], 2).await.unwrap();
+        single[i] += 2;
+        let batch: Vec<(&str, u32)> = keys.iter().map(|k| (k.as_str(), 1)).collect();
+        let answers = l.try_acquire_many_keys(&batch).await;
+        assert!(
+            answers.iter().all(Result::is_ok),
+            "round {round}: {answers:?}"
+        );
+    }
+    let s = l.stats();
+    assert_eq!(s.backend_errors, 0, "{s:?}");
+    assert_eq!(s.granted, 200 * 4, "{s:?}");
+    for (i, key) in keys.iter().enumerate() {
+        assert_eq!(poured(&l, key, CAPACITY).await, single[i] + 200, "{key}");
+    }
+    eprintln!(
+        "cluster: 200 x 3 closes, {} decisions, {} resent, {} answered from their first grant",
+        s.decisions, s.retries, s.resends_granted_before
+    );
+}
+
+/// Kills every normal connection on each of `admins`' nodes every 10 ms
+/// until `stop`.
+fn kill_connections_until(
+    mut admins: Vec<MultiplexedConnection>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            for con in &mut admins {
+                let _: redis::RedisResult<i64> = redis::cmd("CLIENT")
+                    .arg("KILL")
+                    .arg("TYPE")
+                    .arg("normal")
+                    .query_async(con)
+                    .await;
+            }
+            sleep(ms(10)).await;
+        }
+    })
+}
+
+/// The most a key under `quota` may be granted over a run of `elapsed`:
+/// its tightest band's capacity plus what that band's rate adds over the
+/// run; for a key whose master was killed (`moved`), plus one capacity
+/// more, the grants its lost writes may have taken (the writes of the
+/// last milliseconds before the kill, which a key can fill only once).
+fn run_bound(quota: &Quota, elapsed: Duration, moved: bool) -> u64 {
+    quota
+        .bands()
+        .iter()
+        .map(|b| {
+            let rate = b.rate();
+            let per_run = (u128::from(rate.permits()) * elapsed.as_nanos())
+                .div_ceil(rate.period().as_nanos());
+            let capacity = u64::from(b.capacity());
+            capacity * (1 + u64::from(moved)) + u64::try_from(per_run).unwrap()
+        })
+        .min()
+        .unwrap()
+}
+
+/// Every fleet feature at once on a cluster, under every fault in turn:
+/// two tiers on one prefix (the free tier's limiter also decides paid keys
+/// with the paid quota per call), refusal caches of one slot (every key's
+/// hash collides), single calls and batches over all three masters; then
+/// connections killed every few milliseconds mid-traffic, `SCRIPT FLUSH`
+/// on every node mid-traffic, and a master killed and its replica
+/// promoted. Throughout: every decision is answered by its deadline; a
+/// refusal (from Redis or from a cache) is one the script gives too (a
+/// cacheless peek right after refuses it); only the failover's window
+/// fails decisions (the policy is closed); and no key is granted more
+/// than its bands allow over the run, plus, for keys of the master that
+/// was killed, the grants of the writes the promoted replica never had.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one run through four phases of faults, its checks inline"
+)]
+#[expect(
+    clippy::await_holding_lock,
+    reason = "one cluster at a time: the lock is held across the test on purpose (each test has its own runtime)"
+)]
+async fn cache_batches_and_tiers_under_faults() {
+    let _serial = serial();
+    let Some(mut cluster) = RedisCluster::start("features_under_faults") else {
+        return;
+    };
+    let free = Quota::new(Rate::per_second(20), 4).and(Rate::per_second(4), 8);
+    let paid = Quota::new(Rate::per_second(50), 10);
+    let build = |quota: Quota, cache: usize| {
+        RedisFunnel::cluster_builder(cluster.urls())
+            .quota(quota)
+            .prefix("f:")
+            .failure_policy(FailurePolicy::Closed)
+            .timeout(ms(200))
+            .refusal_cache(cache)
+            .clone()
+    };
+    let free_l = build(free, 1).build().await.unwrap();
+    let paid_l = build(paid, 1).build().await.unwrap();
+    let checker = build(free, 0).build().await.unwrap();
+    let masters = cluster.masters();
+    // Two free and two paid keys on each master.
+    let mut keys: Vec<(String, bool)> = Vec::new();
+    for &m in &masters {
+        for k in keys_on(&cluster, m, "f:", &format!("m{m}-"), 4)
+            .into_iter()
+            .enumerate()
+        {
+            keys.push((k.1, k.0 % 2 == 1));
+        }
+    }
+    let victim = masters[0];
+    let on_victim = |key: &str| cluster.master_of_slot(slot(&format!("f:{key}"))) == victim;
+    let moved: Vec<bool> = keys.iter().map(|(k, _)| on_victim(k)).collect();
+    let mut granted = vec![0u64; keys.len()];
+    let mut rng = Lcg(11);
+    let start = Instant::now();
+    let mut failed_in_failover = 0;
+    let mut confirmed = 0;
+    // The phases: calm, killed connections, flushed scripts, failover.
+    let mut killer: Option<tokio::task::JoinHandle<()>> = None;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut failover_at: Option<Instant> = None;
+    let mut healed = false;
+    for step in 0..4_000u32 {
+        match step {
+            800 => {
+                let mut admins = Vec::new();
+                for &m in &masters {
+                    admins.push(admin(&cluster, m).await);
+                }
+                killer = Some(kill_connections_until(admins, stop.clone()));
+            }
+            1600 => {
+                stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                killer.take().unwrap().await.unwrap();
+                for node in 0..cluster.nodes.len() {
+                    let mut con = admin(&cluster, node).await;
+                    let () = cmd(&mut con, &["SCRIPT", "FLUSH"]).await;
+                }
+            }
+            2400 => {
+                cluster.nodes[victim].kill();
+                failover_at = Some(Instant::now());
+            }
+            _ => {}
+        }
+        if rng.below(3) == 0 {
+            sleep(ms(rng.below(4))).await;
+        }
+        let tier_paid = rng.below(3) == 0;
+        let pick = |rng: &mut Lcg| loop {
+            let i = usize::try_from(rng.below(keys.len() as u64)).unwrap();
+            if keys[i].1 == tier_paid {
+                return i;
+            }
+        };
+        let mut asked: Vec<(usize, u32)> = Vec::new();
+        let batch = rng.below(3) == 0;
+        for _ in 0..if batch { 1 + rng.below(4) } else { 1 } {
+            asked.push((pick(&mut rng), u32::try_from(1 + rng.below(3)).unwrap()));
+        }
+        let quota = if tier_paid { paid } else { free };
+        let sent = Instant::now();
+        let answers = if batch {
+            let l = if tier_paid { &paid_l } else { &free_l };
+            let requests: Vec<(&str, u32)> = asked
+                .iter()
+                .map(|&(i, n)| (keys[i].0.as_str(), n))
+                .collect();
+            l.try_acquire_many_keys(&requests).await
+        } else {
+            // Single calls all through the free limiter, each with its
+            // key's quota: both tiers in one cache.
+            let (i, n) = asked[0];
+            vec![free_l.try_acquire_with(&keys[i].0, &quota, n).await]
+        };
+        let took = sent.elapsed();
+        assert!(
+            took <= ms(200) + ms(100),
+            "step {step}: answered after {took:?}"
+        );
+        for (&(i, n), answer) in asked.iter().zip(&answers) {
+            match answer {
+                Ok(()) => granted[i] += u64::from(n),
+                Err(RedisLimitError::Limited { retry_after }) => {
+                    let Ok(truth) = checker.peek_with(&keys[i].0, &quota, n).await else {
+                        continue;
+                    };
+                    if sent.elapsed() + ms(1) < *retry_after {
+                        assert!(
+                            !truth.is_granted(),
+                            "step {step}: {} refused {n} for {retry_after:?}, the script grants",
+                            keys[i].0
+                        );
+                        confirmed += 1;
+                    }
+                }
+                Err(e) => {
+                    assert!(
+                        failover_at.is_some() && !healed,
+                        "step {step}: {e:?} outside the failover"
+                    );
+                    failed_in_failover += 1;
+                }
+            }
+        }
+        if let Some(at) = failover_at
+            && !healed
+            && answers
+                .iter()
+                .all(|a| !a.as_ref().is_err_and(RedisLimitError::is_backend_failure))
+            && at.elapsed() > NODE_TIMEOUT
+        {
+            cluster.wait_until_ok(Duration::from_secs(10));
+            healed = true;
+        }
+    }
+    assert!(healed, "the cluster never recovered");
+    let elapsed = start.elapsed();
+    for (i, (key, paid_key)) in keys.iter().enumerate() {
+        let quota = if *paid_key { paid } else { free };
+        let bound = run_bound(&quota, elapsed, moved[i]);
+        assert!(
+            granted[i] <= bound,
+            "{key}: {} granted, bound {bound}",
+            granted[i]
+        );
+    }
+    let (f, p) = (free_l.stats(), paid_l.stats());
+    eprintln!(
+        "features under faults over {elapsed:?}: {} refusals checked, {} from caches, \
+         {failed_in_failover} failed in the failover, {} resent ({} answered from their grant)",
+        confirmed,
+        f.cached_refusals + p.cached_refusals,
+        f.retries + p.retries,
+        f.resends_granted_before + p.resends_granted_before,
+    );
+    assert!(confirmed > 200 && f.cached_refusals + p.cached_refusals > 20);
+    assert!(
+        f.retries + p.retries > 0,
+        "no request was in flight at a kill"
+    );
+}

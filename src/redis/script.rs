@@ -215,6 +215,12 @@ async fn invoke<T: FromRedisValue>(
     }
 }
 
+/// How many times a decision that failed on the connection is sent again,
+/// each on a new connection, within its deadline: a connection can be
+/// lost again while the first resend is in flight (a proxy or a server
+/// closing connections in a burst).
+pub(super) const RESENDS: usize = 2;
+
 /// Whether `e` is a failure of the connection (dropped, reset, refused,
 /// or any other I/O error), as opposed to an answer from Redis or our own
 /// deadline.
@@ -332,6 +338,13 @@ impl ServerClock {
     }
 }
 
+/// Whether a batch's answer is a redirect (`MOVED`, `ASK`): the whole
+/// pipeline was sent to a node that does not serve one of its keys.
+fn redirected(answer: &Result<Reply, RedisLimitError>) -> bool {
+    matches!(answer, Err(RedisLimitError::Backend(e))
+        if matches!(e.kind(), ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask)))
+}
+
 /// A reply Redis did not send (fewer replies than commands).
 pub(super) fn missing_reply() -> RedisLimitError {
     RedisLimitError::Backend(RedisError::from((
@@ -424,19 +437,21 @@ impl RedisFunnel {
         Ok((now_us, stored))
     }
 
-    /// Runs `attempt(None)`, and when it failed on the connection, runs
-    /// `attempt(Some(since))` (a resend) once, on a new connection; the
-    /// caller's deadline covers both. `since` is the earliest server time
-    /// (µs) at which the first attempt could have run on the server of
-    /// `key` (a Redis key), from [`ServerClock::since`].
+    /// Runs `attempt(None)`, and while it fails on the connection, runs
+    /// `attempt(Some(since))` (a resend), at most [`RESENDS`] times, each
+    /// on a new connection; the caller's deadline covers them all. `since`
+    /// is the earliest server time (µs) at which the first attempt could
+    /// have run on the server of `key` (a Redis key), from
+    /// [`ServerClock::since`].
     ///
     /// Any connection-level failure is resent — before the request was
     /// written or after, which the `redis` crate cannot tell apart — since
     /// the resend is harmless: the script answers a resent decision that
     /// had granted from the grant's id, without pouring again (see the
-    /// [module docs](self)). Errors Redis answered (a script error,
-    /// `NOSCRIPT` after a reload, a redirect after the ones followed) and
-    /// timeouts are not resent.
+    /// [module docs](self)). A refused connection is not resent (nothing
+    /// was sent, and the server is down: the policy answers at once), nor
+    /// are errors Redis answered (a script error, `NOSCRIPT` after a
+    /// reload, a redirect after the ones followed) or timeouts.
     pub(super) async fn resend_after_connection_error<T, F, Fut>(
         &self,
         key: &[u8],
@@ -447,18 +462,22 @@ impl RedisFunnel {
         Fut: Future<Output = RedisResult<T>>,
     {
         let since = self.inner.server_clock.since(key, clock::now());
-        match attempt(None).await {
-            Err(e) if connection_failed(&e) => {
-                self.inner.counters.retries.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(
-                    prefix = %self.inner.prefix,
-                    error = %e,
-                    "redis rate limiter: the connection failed, sending the decision again",
-                );
-                attempt(Some(since)).await
+        let mut result = attempt(None).await;
+        for _ in 0..RESENDS {
+            match &result {
+                Err(e) if connection_failed(e) && !e.is_connection_refusal() => {
+                    self.inner.counters.retries.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(
+                        prefix = %self.inner.prefix,
+                        error = %e,
+                        "redis rate limiter: the connection failed, sending the decision again",
+                    );
+                    result = attempt(Some(since)).await;
+                }
+                _ => break,
             }
-            result => result,
         }
+        result
     }
 
     /// The script call that pours `n` units into every band of `key`'s
@@ -530,14 +549,28 @@ impl RedisFunnel {
             let my_ids: Vec<RequestId> = group.iter().map(|&i| ids[i]).collect();
             async move { self.eval_on_one_node(&mine, &my_ids, deadline).await }
         });
+        let started = clock::now();
         let mut replies: Vec<Option<Result<Reply, RedisLimitError>>> = vec![None; asked.len()];
-        for (group, answers) in groups.iter().zip(futures::future::join_all(sent).await) {
+        for (group, mut answers) in groups.iter().zip(futures::future::join_all(sent).await) {
             if answers
                 .iter()
                 .any(|r| matches!(r, Err(e) if e.is_backend_failure()))
             {
                 // The topology may have changed: ask for it again.
                 slots.forget();
+            }
+            if answers.iter().all(redirected) {
+                // Sent to a node that no longer serves (some of) these
+                // slots, on a stale topology: the node may have run some
+                // of them, so each goes again alone, as a resend (its own
+                // id: harmless), following its own redirect.
+                self.inner.conn.may_have_moved();
+                let again = group.iter().map(|&i| {
+                    let (key, n) = asked[i];
+                    let since = self.inner.server_clock.since(keys[i].as_bytes(), started);
+                    self.resend_alone(key, n, ids[i], since, deadline)
+                });
+                answers = futures::future::join_all(again).await;
             }
             for (&i, answer) in group.iter().zip(answers) {
                 replies[i] = Some(answer);
@@ -547,6 +580,27 @@ impl RedisFunnel {
             .into_iter()
             .map(|r| r.unwrap_or_else(|| Err(missing_reply())))
             .collect()
+    }
+
+    /// One request of a batch sent again on its own, as a resend (see
+    /// [`eval_many`](Self::eval_many)), within `deadline`.
+    async fn resend_alone(
+        &self,
+        key: &str,
+        n: u32,
+        id: RequestId,
+        since: u64,
+        deadline: tokio::time::Instant,
+    ) -> Result<Reply, RedisLimitError> {
+        self.inner.counters.retries.fetch_add(1, Ordering::Relaxed);
+        let mut conn = self.inner.conn.clone();
+        let call = self.invocation(key, &self.inner.encoded, n, id, Some(since));
+        let text = texts(&conn).0;
+        match clock::timeout_at(deadline, Box::pin(invoke::<Reply>(&mut conn, text, &call))).await {
+            Err(_) => Err(self.timed_out()),
+            Ok(Err(e)) => Err(self.backend(e)),
+            Ok(Ok(reply)) => Ok(reply),
+        }
     }
 
     /// Script calls for keys of one node in one pipeline, within

@@ -30,10 +30,11 @@ pub struct RedisStats {
     /// Of the backend errors, how many were granted by
     /// [`FailurePolicy::Open`].
     pub fail_open_grants: u64,
-    /// Decisions sent a second time because the first attempt failed on
-    /// the connection (closed while idle, reset, or lost with the request
-    /// in flight): counted once in `decisions`, whatever the second attempt
-    /// answered. A batch's pipeline to one node counts once.
+    /// Attempts sent again because the one before failed on the
+    /// connection (closed while idle, reset, or lost with the request in
+    /// flight), at most two per decision: counted once in `decisions`,
+    /// whatever the resend answered. A batch's pipeline to one node counts
+    /// once per resend.
     pub retries: u64,
     /// Of the retries, the decisions Redis had granted already on their
     /// first attempt, whose reply was lost: answered from that grant,
