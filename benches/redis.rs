@@ -23,6 +23,15 @@
 //! call); then the ratios, and the cost of that conversion alone, measured
 //! without Redis (a request above the quota's capacity is refused after
 //! the conversion, before any I/O).
+//!
+//! Resends: the decision script as it was before request ids
+//! (`gcra_before_ids.lua` beside this file, the same arguments less the
+//! id, the horizon and `since`) run by `EVALSHA` at 1 and 64 in flight
+//! beside `try_acquire`, so that what the ids cost Redis per decision is
+//! read in one run; both are one round trip per decision (each row's
+//! `EVALSHA` calls are counted against its decisions). Then the bytes a key
+//! stores (`STRLEN` of its state, `MEMORY USAGE` of the key) after one
+//! grant and after 20 (16 ids kept), before and now.
 
 #[path = "../tests/support/redis_server.rs"]
 mod redis_server;
@@ -176,6 +185,12 @@ async fn main() {
         let with = row.per_second;
         rows.push(with_server(row, &conn, "evalsha").await);
         ratios.push((label, two_bands / one_band, with / one_band));
+        reset(&conn).await;
+        let row = before_ids(&conn, tasks, label, secs).await;
+        let before = row.per_second;
+        let mut row = with_server(row, &conn, "evalsha").await;
+        row.what = format!("{} ({:.2}× `try_acquire`)", row.what, before / one_band);
+        rows.push(row);
     }
     reset(&conn).await;
     rows.push(with_server(set_batch(&conn, secs).await, &conn, "set").await);
@@ -184,6 +199,7 @@ async fn main() {
     rows.push(with_server(row, &conn, "evalsha").await);
 
     let conversion = conversion_ns(&two).await;
+    let sizes = key_sizes(&conn, &limiter).await;
     let stats = limiter.stats();
     assert_eq!(stats.backend_errors, 0);
     assert_eq!(two.stats().backend_errors, 0);
@@ -218,6 +234,73 @@ async fn main() {
         "\nConverting a two-band quota per call (`try_acquire_with`, no Redis): \
          {conversion:.0} ns"
     );
+    println!("\n| a key's state (one band) | `STRLEN` | `MEMORY USAGE` |");
+    println!("|---|---:|---:|");
+    for (what, len, usage) in sizes {
+        println!("| {what} | {len} B | {usage} B |");
+    }
+}
+
+/// The decision script from before request ids (one band only here).
+const BEFORE_IDS: &str = include_str!("gcra_before_ids.lua");
+
+/// `ONE_BAND`'s arguments as both scripts read them per band: unit (scaled
+/// units per µs: the 1 ms interval is whole nanoseconds, so 1 000), the
+/// cost of one permit (1 000 µs, no remainder), the band's depth (100 ms).
+const ONE_BAND_ARGS: [u64; 5] = [1000, 1000, 0, 100_000, 0];
+
+/// `EVALSHA` of the script from before request ids, on the same keys and
+/// quota as `try_acquire`.
+async fn before_ids(conn: &ConnectionManager, tasks: usize, label: &str, secs: Duration) -> Row {
+    let conn = conn.clone();
+    let script = Arc::new(redis::Script::new(BEFORE_IDS));
+    let (ops, took, lat) = run(tasks, secs, 1, move |i| {
+        let mut conn = conn.clone();
+        let script = Arc::clone(&script);
+        async move {
+            let mut call = script.key(format!("before:{}", key(i)));
+            for a in ONE_BAND_ARGS {
+                call.arg(a);
+            }
+            let reply: Vec<i64> = call.invoke_async(&mut conn).await.unwrap();
+            assert!(reply[0] == 0 || reply[0] == 1);
+        }
+    })
+    .await;
+    row("`EVALSHA` of the script before ids", label, ops, took, lat)
+}
+
+/// What a key stores, before request ids and now: after one grant, and
+/// after 20 (a key granted more often than its 16 ids).
+async fn key_sizes(conn: &ConnectionManager, limiter: &RedisFunnel) -> Vec<(String, i64, i64)> {
+    let mut conn = conn.clone();
+    let script = redis::Script::new(BEFORE_IDS);
+    let mut sizes = Vec::new();
+    for grants in [1, 20] {
+        let old = format!("before:size{grants}");
+        let new = format!("size{grants}");
+        for _ in 0..grants {
+            let mut call = script.key(&old);
+            for a in ONE_BAND_ARGS {
+                call.arg(a);
+            }
+            let reply: Vec<i64> = call.invoke_async(&mut conn).await.unwrap();
+            assert_eq!(reply[0], 1);
+            limiter.try_acquire(&new).await.unwrap();
+        }
+        for (what, key) in [("before ids", old), ("now", limiter.redis_key(&new))] {
+            let len: i64 = redis::cmd("STRLEN").arg(&key).query_async(&mut conn).await.unwrap();
+            let usage: i64 = redis::cmd("MEMORY")
+                .arg("USAGE")
+                .arg(&key)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            let what = format!("{what}, after {grants} grant{}", if grants == 1 { "" } else { "s" });
+            sizes.push((what, len, usage));
+        }
+    }
+    sizes
 }
 
 /// The one-band limiter of the first rows.
