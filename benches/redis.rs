@@ -289,14 +289,21 @@ async fn key_sizes(conn: &ConnectionManager, limiter: &RedisFunnel) -> Vec<(Stri
             limiter.try_acquire(&new).await.unwrap();
         }
         for (what, key) in [("before ids", old), ("now", limiter.redis_key(&new))] {
-            let len: i64 = redis::cmd("STRLEN").arg(&key).query_async(&mut conn).await.unwrap();
+            let len: i64 = redis::cmd("STRLEN")
+                .arg(&key)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
             let usage: i64 = redis::cmd("MEMORY")
                 .arg("USAGE")
                 .arg(&key)
                 .query_async(&mut conn)
                 .await
                 .unwrap();
-            let what = format!("{what}, after {grants} grant{}", if grants == 1 { "" } else { "s" });
+            let what = format!(
+                "{what}, after {grants} grant{}",
+                if grants == 1 { "" } else { "s" }
+            );
             sizes.push((what, len, usage));
         }
     }
