@@ -225,15 +225,23 @@ async fn main() {
          {} decisions, {} limited)",
         stats.decisions, stats.limited
     );
+    print_ratios(&ratios);
+    println!(
+        "\nConverting a two-band quota per call (`try_acquire_with`, no Redis): \
+         {conversion:.0} ns"
+    );
+    print_sizes(&sizes);
+}
+
+fn print_ratios(ratios: &[(&str, f64, f64)]) {
     println!("\n| in flight | 2 bands ÷ 1 band | `try_acquire_with` 2 bands ÷ 1 band |");
     println!("|---|---:|---:|");
     for (label, two, with) in ratios {
         println!("| {label} | {two:.2} | {with:.2} |");
     }
-    println!(
-        "\nConverting a two-band quota per call (`try_acquire_with`, no Redis): \
-         {conversion:.0} ns"
-    );
+}
+
+fn print_sizes(sizes: &[(String, i64, i64)]) {
     println!("\n| a key's state (one band) | `STRLEN` | `MEMORY USAGE` |");
     println!("|---|---:|---:|");
     for (what, len, usage) in sizes {
