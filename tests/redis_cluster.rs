@@ -1137,3 +1137,56 @@ async fn cache_batches_and_tiers_under_faults() {
         "no request was in flight at a kill"
     );
 }
+
+/// Every node closing connections idle for a second (`CONFIG SET timeout
+/// 1`), the limiter used every 1.5 s: each use finds the connections to
+/// the masters closed. Four uses, a single call on each master's key and a
+/// batch over all three: no decision fails, and each key holds exactly the
+/// permits granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[expect(
+    clippy::await_holding_lock,
+    reason = "one cluster at a time: the lock is held across the test on purpose (each test has its own runtime)"
+)]
+async fn an_idle_timeout_on_a_cluster_costs_no_decision() {
+    const CAPACITY: u32 = 1_000;
+    let _serial = serial();
+    let Some(cluster) = RedisCluster::start("idle_timeout") else {
+        return;
+    };
+    let l = RedisFunnel::cluster_builder(cluster.urls())
+        .quota(Quota::new(Rate::per_minute(1), CAPACITY))
+        .prefix("i:")
+        .failure_policy(FailurePolicy::Closed)
+        .timeout(ms(500))
+        .build()
+        .await
+        .unwrap();
+    for node in 0..cluster.nodes.len() {
+        let mut con = admin(&cluster, node).await;
+        let () = cmd(&mut con, &["CONFIG", "SET", "timeout", "1"]).await;
+    }
+    let keys: Vec<String> = cluster
+        .masters()
+        .iter()
+        .map(|&m| keys_on(&cluster, m, "i:", "idle", 1).remove(0))
+        .collect();
+    for round in 0..4 {
+        sleep(ms(1500)).await;
+        for key in &keys {
+            l.try_acquire_many(key, 2).await.unwrap();
+        }
+        let batch: Vec<(&str, u32)> = keys.iter().map(|k| (k.as_str(), 1)).collect();
+        let answers = l.try_acquire_many_keys(&batch).await;
+        assert!(answers.iter().all(Result::is_ok), "round {round}: {answers:?}");
+    }
+    let s = l.stats();
+    assert_eq!(s.backend_errors, 0, "{s:?}");
+    for key in &keys {
+        assert_eq!(poured(&l, key, CAPACITY).await, 4 * 3, "{key}");
+    }
+    eprintln!(
+        "cluster idle timeout: {} decisions, {} resent, {} answered from their first grant",
+        s.decisions, s.retries, s.resends_granted_before
+    );
+}
