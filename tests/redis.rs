@@ -1208,8 +1208,9 @@ async fn available(l: &RedisFunnel, key: &str) -> u32 {
 /// state): the caller gets the grant, and the key holds one pour, not two.
 /// For a single call, a batch (whose pipeline is resent whole), a
 /// `decide`, a refused first attempt (decided again: a refusal wrote
-/// nothing), and two losses in a row (the resend's reply lost too: the
-/// decision fails by the policy, having poured once).
+/// nothing), two losses in a row (the second resend answered from the
+/// grant), and three (every attempt lost: the decision fails by the
+/// policy, having poured once).
 #[tokio::test]
 async fn a_reply_lost_after_the_script_ran_is_answered_from_its_grant() {
     let Some(server) =
@@ -1271,15 +1272,24 @@ async fn a_reply_lost_after_the_script_ran_is_answered_from_its_grant() {
     assert_eq!(again(&through_proxy), 5);
     assert_eq!(available(&direct, "k").await, 1);
 
-    // Both attempts' replies lost: the decision fails by the policy, and
-    // Redis poured once (the resend found the first attempt's id).
+    // The first resend's reply lost too: the second resend is answered
+    // from the grant.
     lose(2);
     let (r, _) = within(ms(500), through_proxy.try_acquire("d")).await;
-    assert!(matches!(r, Err(RedisLimitError::Backend(_))), "{r:?}");
+    r.unwrap();
+    assert_eq!(again(&through_proxy), 6);
     assert_eq!(available(&direct, "d").await, 2, "poured once");
-    // Nothing more was resent than the five decisions that failed on
-    // their first attempt.
-    assert_eq!(through_proxy.stats().retries, 5);
+
+    // Every attempt's reply lost (the first and both resends): the
+    // decision fails by the policy, and Redis poured once (each resend
+    // found the first attempt's id).
+    lose(3);
+    let (r, _) = within(ms(500), through_proxy.try_acquire("e")).await;
+    assert!(matches!(r, Err(RedisLimitError::Backend(_))), "{r:?}");
+    assert_eq!(available(&direct, "e").await, 2, "poured once");
+    // Resent: once each for the first four decisions, twice each for the
+    // last two.
+    assert_eq!(through_proxy.stats().retries, 4 + 2 + 2);
     proxy.abort();
 }
 

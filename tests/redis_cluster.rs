@@ -1178,7 +1178,10 @@ async fn an_idle_timeout_on_a_cluster_costs_no_decision() {
         }
         let batch: Vec<(&str, u32)> = keys.iter().map(|k| (k.as_str(), 1)).collect();
         let answers = l.try_acquire_many_keys(&batch).await;
-        assert!(answers.iter().all(Result::is_ok), "round {round}: {answers:?}");
+        assert!(
+            answers.iter().all(Result::is_ok),
+            "round {round}: {answers:?}"
+        );
     }
     let s = l.stats();
     assert_eq!(s.backend_errors, 0, "{s:?}");
