@@ -837,18 +837,10 @@ async fn a_manual_failover_costs_no_decision() {
     );
 }
 
-/// What a key was poured, read through `l` (a peek pours nothing), for a
-/// limiter whose capacity is `capacity` and whose rate is too slow to
-/// drain a permit during the test.
+/// What a key was poured, for a limiter of this capacity whose rate is too
+/// slow to drain a permit during the test.
 async fn poured(l: &RedisFunnel, key: &str, capacity: u32) -> u32 {
-    capacity
-        - l.peek(key, 1)
-            .await
-            .unwrap()
-            .bands()
-            .next()
-            .unwrap()
-            .available
+    capacity - redis_server::available(l, key).await
 }
 
 /// The bar on a cluster: 200 rounds of every master closing every

@@ -61,14 +61,7 @@ async fn kill_clients(con: &mut MultiplexedConnection) -> i64 {
 
 /// What a key was poured, read through `l` (which pours nothing to look).
 async fn poured(l: &RedisFunnel, key: &str) -> u32 {
-    CAPACITY
-        - l.peek(key, 1)
-            .await
-            .unwrap()
-            .bands()
-            .next()
-            .unwrap()
-            .available
+    CAPACITY - redis_server::available(l, key).await
 }
 
 /// No decision failed: every one asked of Redis was decided by Redis.

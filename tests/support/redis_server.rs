@@ -234,3 +234,17 @@ impl Drop for RedisServer {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// Permits left in `key`'s first band, read through `l` without taking any
+/// (a peek changes nothing in Redis). With a rate too slow to drain a
+/// permit during a test, `capacity - available` is what the key was
+/// poured.
+pub(crate) async fn available(l: &tokio_ratelimit::redis::RedisFunnel, key: &str) -> u32 {
+    l.peek(key, 1)
+        .await
+        .unwrap()
+        .bands()
+        .next()
+        .unwrap()
+        .available
+}
