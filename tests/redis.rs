@@ -13,7 +13,7 @@ mod redis_server;
 use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime};
 
-use redis_server::RedisServer;
+use redis_server::{RedisServer, available};
 use tokio::time::{Instant, sleep};
 use tokio_ratelimit::algorithm::FunnelState;
 use tokio_ratelimit::redis::{
@@ -1190,17 +1190,6 @@ fn reply_losing_proxy(
     })
 }
 
-/// Permits left in `key` (its one band), read without taking any.
-async fn available(l: &RedisFunnel, key: &str) -> u32 {
-    l.peek(key, 1)
-        .await
-        .unwrap()
-        .bands()
-        .next()
-        .unwrap()
-        .available
-}
-
 /// The second reproduction, from the other side: a connection lost
 /// after Redis ran the script and before its reply came back. The decision
 /// is sent again on a new connection, and Redis answers the resend from
@@ -2303,4 +2292,44 @@ async fn killed_server_peek_and_bands_by_policy() {
     assert!(closed.decide("k", 2).await.unwrap().is_granted());
     let peek = closed.peek("k", 1).await.unwrap();
     assert_eq!(tuples(&peek)[1].1, 1);
+}
+
+/// A limiter whose connection was made on a runtime that has shut down
+/// (its driver task gone with it) sees that connection closed without a
+/// round trip: used from another runtime, it connects again before
+/// sending anything (no resend), and a refusal cached over the old
+/// connection is not answered — Redis decides.
+#[test]
+fn a_connection_whose_runtime_ended_is_seen_closed() {
+    let Some(server) = RedisServer::start("a_connection_whose_runtime_ended_is_seen_closed") else {
+        return;
+    };
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let l = runtime().block_on(async {
+        let l = RedisFunnel::builder(server.url())
+            .rate(slow())
+            .capacity(1)
+            .prefix("rt:")
+            .failure_policy(FailurePolicy::Closed)
+            .build()
+            .await
+            .unwrap();
+        l.try_acquire("k").await.unwrap();
+        assert!(is_limited(&l.try_acquire("k").await));
+        l
+    });
+    runtime().block_on(async {
+        assert!(is_limited(&l.try_acquire("k").await));
+        let s = l.stats();
+        assert_eq!(
+            (s.decisions, s.cached_refusals, s.retries),
+            (3, 0, 0),
+            "{s:?}"
+        );
+    });
 }

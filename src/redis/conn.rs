@@ -274,6 +274,15 @@ impl<S> Watched<S> {
     }
 }
 
+impl<S> Drop for Watched<S> {
+    /// The driver task let go of the socket (it ended, or its runtime
+    /// did): the connection is over, though the watch's second handle
+    /// keeps the socket itself open.
+    fn drop(&mut self) {
+        self.watch.close();
+    }
+}
+
 impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
