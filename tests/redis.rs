@@ -2333,3 +2333,39 @@ fn a_connection_whose_runtime_ended_is_seen_closed() {
         );
     });
 }
+
+/// A deadline of `Duration::MAX` (never give up): decisions, batches and
+/// peeks work, and the grants' ids are kept a day (the horizon's cap), not
+/// past the instants the script can write exactly.
+#[tokio::test]
+async fn an_endless_deadline_keeps_ids_a_day() {
+    let Some(server) = RedisServer::start("an_endless_deadline_keeps_ids_a_day") else {
+        return;
+    };
+    let mut con = admin(&server).await;
+    let l = RedisFunnel::builder(server.url())
+        .rate(Rate::per_second(10))
+        .capacity(2)
+        .prefix("endless:")
+        .failure_policy(FailurePolicy::Closed)
+        .timeout(Duration::MAX)
+        .build()
+        .await
+        .unwrap();
+    let d = l.decide("k", 1).await.unwrap();
+    assert!(d.is_granted());
+    let answers = l.try_acquire_many_keys(&[("k", 1), ("j", 1)]).await;
+    assert!(answers.iter().all(Result::is_ok), "{answers:?}");
+    assert!(is_limited(&l.try_acquire("k").await));
+    assert_eq!(available(&l, "k").await, 0);
+    let state: String = cmd(&mut con, &["GET", "endless:k"]).await;
+    let kept = ids_kept_until(&state).unwrap();
+    // Kept from the batch's grant (a little after `d`): a day, no more.
+    let day = 86_400_000_000;
+    assert!(
+        kept >= micros(d.server_time) + day && kept < micros(d.server_time) + day + 1_000_000,
+        "{state}"
+    );
+    let at: i64 = cmd(&mut con, &["PEXPIRETIME", "endless:k"]).await;
+    assert_eq!(at, expiry_ms(&state));
+}

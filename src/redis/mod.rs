@@ -145,7 +145,7 @@
 //! and no client can tell which. So resending is made harmless instead of
 //! avoided: every decision carries a random 64-bit request id, the same in
 //! each attempt, and a grant keeps its id beside the key's state (the 16
-//! latest grants' ids, for twice the decision's deadline). A decision that
+//! latest grants' ids, for twice the decision's deadline, at most a day). A decision that
 //! fails on the connection is sent once more, on a new connection, within
 //! its deadline (counted in [`RedisStats::retries`]); Redis answers a
 //! resend whose id it kept from that grant, without pouring again

@@ -39,6 +39,7 @@
 //! answered by the policy.)
 
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use ::redis::{
     ErrorKind, FromRedisValue, RedisError, RedisResult, ScriptInvocation, ServerErrorKind,
@@ -214,6 +215,10 @@ async fn invoke<T: FromRedisValue>(
         }
     }
 }
+
+/// The longest a grant's id is kept: a day (a deadline of half a day or
+/// more keeps its ids a day).
+const MAX_ID_HORIZON: Duration = Duration::from_secs(86_400);
 
 /// How many times a decision that failed on the connection is sent again,
 /// each on a new connection, within its deadline: a connection can be
@@ -517,9 +522,11 @@ impl RedisFunnel {
     /// How long a grant's id is kept beside the key's state, in
     /// microseconds: twice the decision's deadline, so that a resend that
     /// reaches Redis as late as a whole deadline after its first attempt
-    /// still finds it.
+    /// still finds it; at most [`MAX_ID_HORIZON`] (the script adds it to
+    /// the server's time, which must stay an exact Lua integer).
     fn id_horizon_us(&self) -> u64 {
-        u64::try_from(self.inner.timeout.as_micros().saturating_mul(2)).unwrap_or(u64::MAX)
+        let horizon = self.inner.timeout.saturating_mul(2).min(MAX_ID_HORIZON);
+        u64::try_from(horizon.as_micros()).unwrap_or(u64::MAX)
     }
 
     /// Script calls for many keys, each under the limiter's own quota,
@@ -531,7 +538,12 @@ impl RedisFunnel {
         &self,
         asked: &[(&str, u32)],
     ) -> Vec<Result<Reply, RedisLimitError>> {
-        let deadline = clock::now() + self.inner.timeout;
+        let now = clock::now();
+        // A deadline too far to add (`Duration::MAX`) is thirty years away,
+        // as tokio's own timeouts make it.
+        let deadline = now
+            .checked_add(self.inner.timeout)
+            .unwrap_or_else(|| now + Duration::from_secs(30 * 365 * 86_400));
         let ids: Vec<RequestId> = asked.iter().map(|_| self.inner.ids.next()).collect();
         let Conn::Cluster { conn, slots, .. } = &self.inner.conn else {
             return self.eval_on_one_node(asked, &ids, deadline).await;
