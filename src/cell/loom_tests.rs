@@ -156,7 +156,11 @@ fn check_linearizable(
 ) {
     let serial = serial_results(start, &threads);
     model(move || {
-        let cell = Arc::new(Cell::new(start.params, start.word, Instant::now()));
+        let cell = Arc::new(Cell::new(
+            start.params,
+            start.word,
+            clock::Origin::at(Instant::now()),
+        ));
         let handles: Vec<_> = threads[1..]
             .iter()
             .map(|ops| {

@@ -92,13 +92,13 @@ pub(crate) enum Wait {
 }
 
 impl Cell {
-    pub(crate) fn new(params: Params, tat: u128, origin: Instant) -> Cell {
+    pub(crate) fn new(params: Params, tat: u128, origin: clock::Origin) -> Cell {
         Cell {
             word: AtomicU128::new(tat & TAT_MASK),
             num: AtomicU64::new(params.num()),
             den: AtomicU64::new(params.den()),
             capacity: params.capacity(),
-            origin: clock::Origin::at(origin),
+            origin,
             credit: AtomicU128::new(0),
         }
     }
@@ -116,11 +116,7 @@ impl Cell {
     /// The instant `scaled` units after the origin, rounded up to a
     /// nanosecond (saturating far in the future).
     pub(crate) fn instant_at(&self, params: &Params, scaled: u128) -> Instant {
-        let offset = params.duration_ceil(scaled);
-        let origin = self.origin.instant();
-        origin
-            .checked_add(offset)
-            .unwrap_or_else(|| origin + Duration::from_secs(86_400 * 365 * 1000))
+        self.origin.instant_after(params.duration_ceil(scaled))
     }
 
     /// The word and the interval that goes with it.
@@ -409,7 +405,7 @@ mod tests {
 
     fn cell(rate: Rate, capacity: u32) -> Cell {
         let params = Params::new(rate, capacity).unwrap();
-        Cell::new(params, 0, crate::clock::now())
+        Cell::new(params, 0, clock::Origin::now())
     }
 
     const MS: u128 = 1_000_000;

@@ -131,11 +131,9 @@ impl Schedule for Banded {
     }
 
     fn instant(&self, _: &u128, turn: &Placed, _: u32) -> Option<Instant> {
-        let origin = self.origin.instant();
         Some(
-            origin
-                .checked_add(crate::algorithm::nanos_to_duration(turn.turn))
-                .unwrap_or_else(|| origin + Duration::from_secs(86_400 * 365 * 1000)),
+            self.origin
+                .instant_after(crate::algorithm::nanos_to_duration(turn.turn)),
         )
     }
 

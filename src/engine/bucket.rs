@@ -72,7 +72,7 @@ pub(crate) struct View {
 impl Bucket {
     pub(crate) fn new(params: Params, deficit: u32, release: Release) -> Bucket {
         Bucket {
-            cell: Cell::new(params, params.cost(deficit), crate::clock::now()),
+            cell: Cell::new(params, params.cost(deficit), crate::clock::Origin::now()),
             release,
             fresh_deficit: deficit,
         }

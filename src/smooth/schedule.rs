@@ -224,8 +224,7 @@ impl Schedule for Smooth {
     }
 
     fn instant(&self, _: &Duration, turn: &Turn, _: u32) -> Option<Instant> {
-        turn.due
-            .and_then(|due| self.origin.instant().checked_add(due))
+        turn.due.map(|due| self.origin.instant_after(due))
     }
 
     fn granted(&self, books: &mut Books, now: &Duration, turn: &Turn, _: u32) {

@@ -252,10 +252,15 @@ where
             return Poured::Granted;
         }
         let now_nanos = self.now_nanos();
+        // Every decision reads `now` no earlier than the shard's epoch (a
+        // reading the sweep used): on a clock whose readings can come out
+        // of order (the fast clock across cores), a key made again after a
+        // sweep evicted it must not start behind that sweep, or it would
+        // refill from a time the map has already passed.
         // An existing key: a read lock and one compare-and-swap (or, for
         // three bands or more, the key's own lock).
         let known = with_map!(&self.words, map => map.update(key, now_nanos, |w, epoch| {
-            w.decide(tier, epoch, now_nanos, n)
+            w.decide(tier, epoch, now_nanos.max(epoch), n)
         }));
         if let Some(result) = known {
             return Poured::from(result);
@@ -291,7 +296,7 @@ where
         let now_nanos = self.now_nanos();
         let now = u128::from(now_nanos);
         let known = with_map!(&self.words, map => map.update(key, now_nanos, |w, epoch| {
-            w.decide_and_read(tier, epoch, now_nanos, n)
+            w.decide_and_read(tier, epoch, now_nanos.max(epoch), n)
         }));
         if let Some((result, tats)) = known {
             return (Poured::from(result), Some((tats, now)));
@@ -337,7 +342,7 @@ where
             || Some(W::fresh(units, now_nanos)),
             |w, epoch| w.is_drained(units, epoch, now_nanos),
             false,
-            |w, epoch| w.decide_and_read(tier, epoch, now_nanos, n),
+            |w, epoch| w.decide_and_read(tier, epoch, now_nanos.max(epoch), n),
         )
     }
 
@@ -361,7 +366,7 @@ where
             || Some(W::fresh(units, now_nanos)),
             |w, epoch| w.is_drained(units, epoch, now_nanos),
             false,
-            |w, epoch| w.decide(tier, epoch, now_nanos, n),
+            |w, epoch| w.decide(tier, epoch, now_nanos.max(epoch), n),
         )
     }
 

@@ -1,11 +1,19 @@
-//! The one place that reads tokio time and arms timers.
+//! The one place that reads the time and arms timers.
 //!
-//! Everything goes through `tokio::time`, so a runtime started with a paused
-//! clock (`#[tokio::test(start_paused = true)]`) drives every limiter in
-//! virtual time.
+//! A limiter reads the time through its [`Origin`]: the fast clock
+//! ([`fast`]) or tokio's, chosen when it is built. Timers always go through
+//! `tokio::time`, so a runtime started with a paused clock
+//! (`#[tokio::test(start_paused = true)]`) drives every limiter built in it
+//! in virtual time.
+
+#[cfg(test)]
+pub(crate) mod fake;
+#[cfg(feature = "fast-clock")]
+pub(crate) mod fast;
+#[cfg(test)]
+mod skew_tests;
 
 use std::hash::{Hash, Hasher};
-use std::num::NonZeroU64;
 use std::time::Duration;
 
 use tokio::time::{Instant, Sleep};
@@ -19,17 +27,34 @@ pub(crate) fn now() -> Instant {
     Instant::now()
 }
 
-/// A fixed instant on tokio's clock, and the exact nanoseconds from it to
-/// later instants.
+/// A fixed instant on a limiter's clock, and the exact nanoseconds from it
+/// to now: the one place a limiter reads the time.
 ///
-/// `Instant - Instant` goes through std's `Timespec::sub_timespec` and
-/// `Duration::new`, out of line: about 55 instructions, a tenth of a
-/// limiter's `try_acquire`. An instant's `Hash` feeds the hasher its
-/// representation — on the platforms with a `timespec` clock (Linux,
-/// the BSDs, macOS) the seconds as an `i64` and then the nanoseconds as a
-/// `u32`; on Windows the seconds as a `u64` and then the nanoseconds — and,
-/// being generic, inlines to two loads. [`Origin::nanos_since`] reads
-/// instants that way, as `seconds × 10⁹ + nanoseconds`, and subtracts.
+/// A limiter reads one of two clocks, chosen when it is built
+/// ([`Origin::now`]):
+///
+/// * **the fast clock** ([`fast`]): the CPU's counter, kept in step with
+///   the OS monotonic clock, where the kernel itself trusts that counter;
+///   the default outside a paused runtime;
+/// * **tokio's clock**: in a runtime whose clock is paused
+///   (`start_paused`, `tokio::time::pause`), so that `advance` drives the
+///   limiter; and where there is no fast clock (another OS, the
+///   `fast-clock` feature off, `TOKIO_RATELIMIT_CLOCK=system`).
+///
+/// Either way the origin also keeps its instant on tokio's clock, and an
+/// instant `n` ns after the origin is `instant + n` there: the fast clock
+/// runs on the OS clock's scale (within a microsecond or so), which is the
+/// clock tokio's timer sleeps on outside a paused runtime.
+///
+/// On tokio's clock, `Instant - Instant` goes through std's
+/// `Timespec::sub_timespec` and `Duration::new`, out of line: about 55
+/// instructions, a tenth of a limiter's `try_acquire`. An instant's `Hash`
+/// feeds the hasher its representation — on the platforms with a
+/// `timespec` clock (Linux, the BSDs, macOS) the seconds as an `i64` and
+/// then the nanoseconds as a `u32`; on Windows the seconds as a `u64` and
+/// then the nanoseconds — and, being generic, inlines to two loads.
+/// [`Origin::elapsed_nanos`] reads instants that way, as `seconds × 10⁹ +
+/// nanoseconds`, and subtracts.
 ///
 /// That is exact, but only as long as the representation is what we take it
 /// for, so it is checked rather than assumed: every instant must feed
@@ -46,19 +71,47 @@ pub(crate) fn now() -> Instant {
 #[derive(Debug, Clone, Copy)]
 #[repr(C)]
 pub(crate) struct Origin {
-    /// The origin as decoded nanoseconds, when instants decode (and the
-    /// origin is not the decoder's zero; `NonZero` keeps it in 8 bytes).
-    raw: Option<NonZeroU64>,
+    /// Which clock, and the origin on it: [`FAST`] and the fast clock's
+    /// nanoseconds; or tokio's clock, the origin as decoded nanoseconds
+    /// (0 when instants do not decode).
+    raw: u64,
     instant: Instant,
 }
 
+/// [`Origin::raw`]'s tag for the fast clock. Its nanoseconds (the OS
+/// monotonic clock's: time since boot) stay below 2⁶² for 146 years.
+const FAST: u64 = 1 << 63;
+/// [`Origin::raw`]'s tag for a test's fake clock (see [`fake`]).
+#[cfg(test)]
+const FAKE: u64 = 1 << 62;
+const TAGS: u64 = FAST | FAST >> 1;
+
 impl Origin {
-    /// The current instant as the origin.
+    /// Now as the origin, on the clock a limiter built here should read:
+    /// tokio's if this thread is in a runtime whose clock is paused (or
+    /// there is no fast clock), the fast clock otherwise.
     pub(crate) fn now() -> Origin {
+        #[cfg(test)]
+        if let Some(index) = fake::current() {
+            let base = fake::read(index) & ((1 << fake::BASE_BITS) - 1);
+            return Origin {
+                raw: FAKE | index << fake::BASE_BITS | base,
+                instant: now(),
+            };
+        }
+        #[cfg(feature = "fast-clock")]
+        if let Some(fast) = fast::get() {
+            if !runtime_is_paused() {
+                return Origin {
+                    raw: FAST | fast.now(),
+                    instant: now(),
+                };
+            }
+        }
         Origin::at(now())
     }
 
-    /// `instant` as the origin.
+    /// `instant` as the origin, on tokio's clock.
     pub(crate) fn at(instant: Instant) -> Origin {
         const PROBE: Duration = Duration::new(1, 999_999_999);
         let raw = decode(&instant)
@@ -68,32 +121,47 @@ impl Origin {
                     .and_then(|later| decode(&later))
                     .is_some_and(|later| later.checked_sub(origin) == Some(1_999_999_999))
             })
-            .and_then(NonZeroU64::new);
+            .filter(|&origin| origin & TAGS == 0)
+            .unwrap_or(0);
         Origin { raw, instant }
     }
 
-    /// The origin itself.
+    /// The origin itself, on tokio's clock.
+    #[cfg(test)]
     pub(crate) fn instant(&self) -> Instant {
         self.instant
     }
 
-    /// Nanoseconds from the origin to `t`: 0 if `t` is earlier, `u64::MAX`
-    /// if more (584 years).
+    /// Nanoseconds from the origin to now on the limiter's clock: 0 if now
+    /// reads earlier, `u64::MAX` if more (584 years).
     #[inline]
-    pub(crate) fn nanos_since(&self, t: Instant) -> u64 {
+    pub(crate) fn elapsed_nanos(&self) -> u64 {
+        #[cfg(feature = "fast-clock")]
+        if self.raw & FAST != 0 {
+            return match fast::get() {
+                Some(fast) => fast.now().saturating_sub(self.raw & !FAST),
+                None => unreachable!("an origin on the fast clock was made with it"),
+            };
+        }
+        #[cfg(test)]
+        if self.raw & FAKE != 0 {
+            let raw = self.raw & !TAGS;
+            let base = raw & ((1 << fake::BASE_BITS) - 1);
+            return fake::read(raw >> fake::BASE_BITS).saturating_sub(base);
+        }
+        self.nanos_since(now())
+    }
+
+    /// Nanoseconds from the origin to `t` on tokio's clock: 0 if `t` is
+    /// earlier, `u64::MAX` if more (584 years).
+    #[inline]
+    fn nanos_since(&self, t: Instant) -> u64 {
         let nanos = match (self.raw, decode(&t)) {
-            (Some(origin), Some(t)) => t.saturating_sub(origin.get()),
-            _ => self.nanos_since_slow(t),
+            (0, _) | (_, None) => self.nanos_since_slow(t),
+            (origin, Some(t)) => t.saturating_sub(origin),
         };
         debug_assert_eq!(nanos, self.nanos_since_slow(t));
         nanos
-    }
-
-    /// Nanoseconds from the origin to now on tokio's clock (see
-    /// [`nanos_since`](Self::nanos_since)).
-    #[inline]
-    pub(crate) fn elapsed_nanos(&self) -> u64 {
-        self.nanos_since(now())
     }
 
     /// [`nanos_since`](Self::nanos_since) by subtracting instants.
@@ -106,6 +174,34 @@ impl Origin {
             .saturating_mul(1_000_000_000)
             .saturating_add(u64::from(elapsed.subsec_nanos()))
     }
+
+    /// The instant on tokio's clock `nanos` after the origin (saturating a
+    /// thousand years away).
+    pub(crate) fn instant_after(&self, nanos: Duration) -> Instant {
+        let origin = self.instant;
+        origin
+            .checked_add(nanos)
+            .unwrap_or_else(|| origin + Duration::from_secs(86_400 * 365 * 1000))
+    }
+}
+
+/// Whether this thread is in a tokio runtime whose clock is paused.
+///
+/// tokio has no public question for it. Without its `test-util` feature
+/// its instants are std's, and with it an unpaused runtime's are too; a
+/// paused runtime's clock stands still while this thread runs (it only
+/// auto-advances when the runtime is idle). So: two readings of tokio's
+/// clock around one of std's. Running, they bracket it; paused, they are
+/// equal and std's differs (time has passed since the pause).
+#[cfg(feature = "fast-clock")]
+fn runtime_is_paused() -> bool {
+    if tokio::runtime::Handle::try_current().is_err() {
+        return false;
+    }
+    let before = Instant::now();
+    let std = Instant::from_std(std::time::Instant::now());
+    let after = Instant::now();
+    before == after && std != before
 }
 
 /// An instant as `seconds × 10⁹ + nanoseconds` of its representation, if
@@ -193,15 +289,28 @@ impl Hasher for Parts {
 /// turn is served by the first tick processed at or after it. In paused
 /// time, where ticks are processed on the millisecond, the early timer only
 /// ever finds the turn not yet come, and release instants are unchanged.
+///
+/// On the fast clock a turn's instant on tokio's clock can be a hair
+/// (the fast clock's error against the OS clock, about a microsecond)
+/// before the turn itself; should the timer armed at the turn fire in that
+/// hair, the turn has not come, and the timer is armed a tick later rather
+/// than at the same instant again (which would fire at once, in a loop).
+/// The waiter is still released only once its turn has come on the
+/// limiter's clock.
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct TwoStep {
     /// The turn whose early timer has fired.
     early_fired: Option<Instant>,
+    /// The turn whose timer at the turn has fired.
+    turn_fired: Option<Instant>,
 }
 
 impl TwoStep {
     /// The deadline to arm for `turn`, and whether it is the early one.
     pub(crate) fn deadline(&self, turn: Instant) -> (Instant, bool) {
+        if self.turn_fired == Some(turn) {
+            return (now().max(turn) + TICK, false);
+        }
         match turn.checked_sub(TICK) {
             Some(early) if self.early_fired != Some(turn) => (early, true),
             _ => (turn, false),
@@ -212,6 +321,8 @@ impl TwoStep {
     pub(crate) fn fired(&mut self, turn: Instant, early: bool) {
         if early {
             self.early_fired = Some(turn);
+        } else {
+            self.turn_fired = Some(turn);
         }
     }
 }
@@ -249,10 +360,10 @@ mod tests {
 
     #[test]
     fn decoded_nanos_agree_with_subtraction() {
-        let origin = Origin::now();
+        let origin = Origin::at(now());
         // Where the fast path exists, it is used (and checked).
         if cfg!(any(target_os = "linux", target_os = "macos", windows)) {
-            assert!(origin.raw.is_some());
+            assert_ne!(Origin::at(now()).raw, 0);
         }
         let mut nanos = vec![0, 1, 999_999_999, 1_000_000_000, 1_000_000_001];
         nanos.extend((0..1000u64).map(|i| i * 7_777_777 + i % 3));
