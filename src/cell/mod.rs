@@ -187,6 +187,8 @@ impl Cell {
                     if self.swap(&s, end) {
                         return Ok(());
                     }
+                    // Another thread's pour won: let it finish with the line.
+                    spin_loop();
                 }
                 Err(wait) => {
                     if self.still_valid(&s) {
