@@ -99,10 +99,11 @@
 //!
 //! # Testing with a paused clock
 //!
-//! Every limiter reads time through `tokio::time`, so tests run in virtual
+//! A limiter built in a runtime whose clock is paused reads that clock, and
+//! every limiter waits on `tokio::time`'s timers, so tests run in virtual
 //! time and finish in milliseconds. Use a current-thread runtime with a
-//! paused clock; an `.await` that waits lets tokio jump the clock to the
-//! next timer:
+//! paused clock and build the limiters in it; an `.await` that waits lets
+//! tokio jump the clock to the next timer:
 //!
 //! ```
 //! use std::time::Duration;
@@ -192,6 +193,15 @@
 //!
 //! # Features
 //!
+//! * `fast-clock` (default) — limiters built outside a paused runtime read
+//!   the CPU's counter (through `quanta`, kept on the OS monotonic clock)
+//!   instead of `clock_gettime`: about 10 ns a call less on x86-64. Used
+//!   on Linux only where the kernel's own clocksource is that counter (`tsc`,
+//!   `arch_sys_counter`); elsewhere, without the feature, or with
+//!   `TOKIO_RATELIMIT_CLOCK=system` in the environment, limiters read
+//!   tokio's clock. A limiter built inside a paused runtime always follows
+//!   that runtime's clock, so tests are unchanged — but one built outside
+//!   it (a `static`) and then used in a paused test reads real time.
 //! * `tower` — the [`tower`] middleware (`tower-service`, `tower-layer`).
 //! * `test-util` — helpers for paused-clock tests of code that uses the
 //!   limiters.

@@ -67,7 +67,7 @@ pub(crate) fn try_one_thread(rt: &Runtime, set: &Settings) {
         "TokenBucket allowed / governor allowed",
         median(&results[tok][0]) / median(&results[gov][0]),
         "≤",
-        0.5,
+        1.0,
     ));
     t.note(ratio_line(
         "TokenBucket denied / governor denied",
