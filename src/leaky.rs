@@ -151,6 +151,52 @@ impl LeakyBucket {
         self.engine.acquire(n, None).await
     }
 
+    /// Waits in the queue until `n` units fit in the bucket, then pours
+    /// them: the meter's rule ([`try_acquire_many`](Self::try_acquire_many))
+    /// with a place in the FIFO queue, where the shaper
+    /// ([`acquire_many`](Self::acquire_many)) fails with `Overflow`. A
+    /// request for room waits behind every request made before it, and
+    /// every request made after it (shaped, for room, or a meter's) waits
+    /// behind it: a large request is not starved by a stream of small ones
+    /// that keep the bucket nearly full. What the [`io`](crate::io)
+    /// wrappers pay with.
+    ///
+    /// While it waits its units are already poured (on credit): the water
+    /// may stand above the capacity, and shaped requests overflow until it
+    /// has drained below.
+    ///
+    /// # Errors
+    ///
+    /// [`AcquireError::InsufficientCapacity`] when `n` exceeds the
+    /// capacity; [`AcquireError::Closed`], before or while waiting.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire_many`](Self::acquire_many).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokio::time::Instant;
+    /// use tokio_ratelimit::{AcquireError, LeakyBucket, Rate};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let bucket = LeakyBucket::builder().rate(Rate::per_second(10)).capacity(10).build().unwrap();
+    /// bucket.try_acquire_many(5).unwrap(); // half full
+    /// // Ten units do not fit: the shaper overflows, a request for room waits
+    /// // until the five have drained (500 ms).
+    /// assert_eq!(bucket.acquire_many(10).await, Err(AcquireError::Overflow));
+    /// let start = Instant::now();
+    /// bucket.acquire_room(10).await.unwrap();
+    /// assert_eq!(start.elapsed(), Duration::from_millis(500));
+    /// # }
+    /// ```
+    pub async fn acquire_room(&self, n: u32) -> Result<(), AcquireError> {
+        self.engine.acquire_room(n).await
+    }
+
     /// The shaper with a bound on the wait: fails at once with `Timeout`
     /// (pouring nothing) when the water ahead would take longer than
     /// `timeout` to drain. `Duration::MAX` never times out.
@@ -372,4 +418,11 @@ impl fmt::Debug for LeakyBucket {
     }
 }
 
-impl_limiter!(LeakyBucket, peek);
+impl_limiter!(LeakyBucket, {
+    fn peek(&self, n: u32) -> Option<crate::Peek> {
+        Some(LeakyBucket::peek(self, n))
+    }
+    async fn acquire_room(&self, n: u32) -> Result<(), AcquireError> {
+        LeakyBucket::acquire_room(self, n).await
+    }
+});

@@ -116,6 +116,28 @@ pub trait Limiter: Send + Sync {
         Ok(Reservation::spent())
     }
 
+    /// Waits in the limiter's FIFO queue until `n` permits fit, then takes
+    /// them: never `Overflow`, and no later request overtakes it. The same
+    /// as [`acquire_many`](Self::acquire_many) for every limiter but the
+    /// [`LeakyBucket`](crate::LeakyBucket), whose `acquire_many` is its
+    /// shaper (a request that does not fit overflows) and whose
+    /// [`acquire_room`](crate::LeakyBucket::acquire_room) this is. The
+    /// [`io`](crate::io) wrappers pay with it, so that connections sharing a
+    /// leaky bucket get their turns in arrival order whatever their chunk
+    /// sizes.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_many`](Self::acquire_many), but never
+    /// [`AcquireError::Overflow`] from the crate's limiters.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire_many`](Self::acquire_many).
+    async fn acquire_room(&self, n: u32) -> Result<(), AcquireError> {
+        self.acquire_many(n).await
+    }
+
     /// What [`try_acquire_many(n)`](Self::try_acquire_many) would answer
     /// now, and the state of each band (permits available, time until
     /// full), without taking anything: what the `RateLimit` response
@@ -166,6 +188,9 @@ macro_rules! forward_limiter {
             }
             async fn reserve(&self, n: u32) -> Result<Reservation, AcquireError> {
                 (**self).reserve(n).await
+            }
+            async fn acquire_room(&self, n: u32) -> Result<(), AcquireError> {
+                (**self).acquire_room(n).await
             }
             fn peek(&self, n: u32) -> Option<Peek> {
                 (**self).peek(n)

@@ -751,3 +751,112 @@ async fn small_reads_and_writes_do_not_pay_a_round_each() {
     );
     assert_eq!(counting.bucket.stats().granted, 10);
 }
+
+/// A writer that records the slices of each vectored write and takes at
+/// most `max` bytes of them.
+struct SliceWriter {
+    max: usize,
+    is_vectored: bool,
+    calls: Vec<Vec<usize>>,
+    written: Vec<u8>,
+}
+
+impl AsyncWrite for SliceWriter {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let n = buf.len().min(self.max);
+        self.calls.push(vec![buf.len()]);
+        self.written.extend_from_slice(&buf[..n]);
+        Poll::Ready(Ok(n))
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        self.calls.push(bufs.iter().map(|b| b.len()).collect());
+        let mut left = self.max;
+        for buf in bufs {
+            let n = buf.len().min(left);
+            self.written.extend_from_slice(&buf[..n]);
+            left -= n;
+        }
+        Poll::Ready(Ok(self.max - left))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.is_vectored
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn vectored_writes_are_forwarded_held_to_what_was_paid() {
+    let vectored = |is_vectored| SliceWriter {
+        max: usize::MAX,
+        is_vectored,
+        calls: Vec::new(),
+        written: Vec::new(),
+    };
+    assert!(RateLimitedWrite::new(vectored(true), bytes(1000, 1000)).is_write_vectored());
+    assert!(!RateLimitedWrite::new(vectored(false), bytes(1000, 1000)).is_write_vectored());
+
+    // Chunks of 1 000 (the capacity): of 600 + 700 + 800 bytes, the first
+    // write offers 600 and 400, one vectored call.
+    let limiter = bytes(1000, 1000);
+    let mut writer = RateLimitedWrite::new(vectored(true), limiter.clone());
+    let (a, b, c) = ([1u8; 600], [2u8; 700], [3u8; 800]);
+    let slices = [
+        io::IoSlice::new(&a),
+        io::IoSlice::new(&[]),
+        io::IoSlice::new(&b),
+        io::IoSlice::new(&c),
+    ];
+    let start = Instant::now();
+    assert_eq!(writer.write_vectored(&slices).await.unwrap(), 1000);
+    assert_eq!(writer.get_ref().calls, vec![vec![600, 400]]);
+    // The rest: 300 of the second slice and the third, a second later.
+    let slices = [io::IoSlice::new(&b[400..]), io::IoSlice::new(&c)];
+    assert_eq!(writer.write_vectored(&slices).await.unwrap(), 1000);
+    assert_eq!(start.elapsed(), Duration::from_secs(1));
+    assert_eq!(writer.get_ref().calls[1], vec![300, 700]);
+    let mut want = vec![1u8; 600];
+    want.extend([2u8; 700]);
+    want.extend([3u8; 700]);
+    assert_eq!(writer.get_ref().written, want);
+    assert_eq!(limiter.stats().granted, 2000);
+
+    // A short vectored write keeps the rest as credit, as a plain one does.
+    let limiter = bytes(1000, 1000);
+    let mut short = vectored(true);
+    short.max = 150;
+    let mut writer = RateLimitedWrite::new(short, limiter.clone());
+    assert_eq!(
+        writer
+            .write_vectored(&[io::IoSlice::new(&a), io::IoSlice::new(&b)])
+            .await
+            .unwrap(),
+        150
+    );
+    assert_eq!((writer.credit(), limiter.stats().granted), (850, 1000));
+    // Empty slices cost nothing.
+    assert_eq!(
+        writer
+            .write_vectored(&[io::IoSlice::new(&[])])
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(writer.credit(), 850);
+}

@@ -434,6 +434,13 @@ async fn cancelled_reads(budget: Budget, data: &[u8], chunk: u32, ops: &[Op]) ->
         out.extend_from_slice(&buf[..n]);
         let moved = out.len() as u128;
         assert!(moved <= budget.bytes_by(start.elapsed()), "{moved} B early");
+        // The module's one statement of credit, and a reader's after a read.
+        assert!(reader.credit() < u64::from(reader.chunk()) + u64::from(budget.unit));
+        assert!(
+            reader.credit() < u64::from(budget.unit),
+            "{}",
+            reader.credit()
+        );
     }
     let permits = budget.permits_for(data.len());
     assert_eq!(probe.bucket.stats().granted, permits);
@@ -491,6 +498,13 @@ async fn cancelled_writes(budget: Budget, data: &[u8], chunk: u32, ops: &[Op]) -
         pos += n;
         let moved = writer.get_ref().written.len();
         assert_eq!(moved, pos);
+        // The module's one statement of credit.
+        assert!(
+            writer.credit() < u64::from(writer.chunk()) + u64::from(budget.unit),
+            "{} with chunks of {}",
+            writer.credit(),
+            writer.chunk()
+        );
         assert!(
             moved as u128 <= budget.bytes_by(start.elapsed()),
             "{moved} B early"

@@ -300,6 +300,61 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// A leaky bucket's shaped requests (`acquire_many`) and requests for
+    /// room (`acquire_room`) mixed at random arrivals: requests for room
+    /// never fail, shaped ones only overflow; everything completes in
+    /// reservation order; grants stay within `capacity + rate × (w + 1 ms)`.
+    #[test]
+    fn a_leaky_buckets_requests_for_room_keep_order_and_bound(
+        rate in rate_waiters(),
+        capacity in 1u32..=10,
+        arrivals in prop::collection::vec((0u64..=300, any::<u32>(), any::<bool>()), 1..40),
+    ) {
+        let (outcomes, log) = run(async {
+            let l = build(Kind::Leaky, rate, capacity, 0);
+            let log = GrantLog::new();
+            let start = log.start();
+            let tickets = Arc::new(AtomicUsize::new(0));
+            let handles: Vec<_> = arrivals
+                .iter()
+                .map(|&(at, raw, room)| {
+                    let n = 1 + raw % capacity;
+                    let (l, log, tickets) = (l.clone(), log.clone(), tickets.clone());
+                    tokio::spawn(async move {
+                        time::sleep_until(start + Duration::from_millis(at)).await;
+                        let ticket = tickets.fetch_add(1, Ordering::Relaxed);
+                        let r = if room { l.acquire_room(n).await } else { l.acquire_many(n).await };
+                        if r.is_ok() {
+                            log.record_for(ticket, n);
+                        }
+                        (ticket, room, r, start.elapsed())
+                    })
+                })
+                .collect();
+            let mut outcomes = Vec::new();
+            for h in handles {
+                outcomes.push(h.await.unwrap());
+            }
+            outcomes.sort_by_key(|o| o.0);
+            (outcomes, log)
+        });
+        log.assert_rate(rate, capacity, TICK);
+        for o in &outcomes {
+            match (o.1, o.2) {
+                (_, Ok(())) | (false, Err(AcquireError::Overflow)) => {}
+                (room, Err(e)) => panic!("room {room}: unexpected {e:?}"),
+            }
+        }
+        let ok: Vec<_> = outcomes.iter().filter(|o| o.2.is_ok()).collect();
+        for pair in ok.windows(2) {
+            assert!(pair[0].3 <= pair[1].3, "out of order: {pair:?}");
+        }
+    }
+}
+
 // ---------------------------------------------------------------------
 // Never under-delivers
 // ---------------------------------------------------------------------

@@ -57,6 +57,9 @@ pub(crate) struct Placed {
     at: u128,
     /// Its permits.
     n: u32,
+    /// The rule it waits by (a leaky bucket's request for room waits by the
+    /// token rule).
+    release: Release,
 }
 
 impl Bands {
@@ -157,14 +160,16 @@ impl Bands {
             before: *tats,
             at: now_ns,
             n,
+            release,
         })
     }
 
     /// Withdraws `gone` at `now_ns`: each band gets back its undrained part
     /// (as [`Params::refund`] says for one band), and every reservation in `behind` (those after
     /// it, in order) that is not yet due is placed again as it was made —
-    /// at the time it was reserved, for its permits — on the state before
-    /// it less what moved ahead of it. Returns whether any turn moved.
+    /// at the time it was reserved, for its permits, by its rule — on the
+    /// state before it less what moved ahead of it. Returns whether any
+    /// turn moved.
     ///
     /// Why no band over-admits: unrolled, a band's state is the largest,
     /// over the requests poured, of (the time it was poured at + the water
@@ -182,7 +187,6 @@ impl Bands {
         tats: &mut PerBand,
         gone: &Placed,
         now_ns: u128,
-        release: Release,
         behind: impl Iterator<Item = &'a mut Placed>,
     ) -> bool {
         let now = self.scaled(now_ns);
@@ -203,7 +207,7 @@ impl Bands {
                 continue; // due: poured like a meter's grant, at or before now
             }
             let before = self.moved(&later.before, &old_ahead, &new_ahead, &now);
-            let Ok(again) = self.reserve(&before, later.at, later.n, release) else {
+            let Ok(again) = self.reserve(&before, later.at, later.n, later.release) else {
                 continue; // cannot happen: less water ahead
             };
             old_ahead = later.ends;
@@ -408,18 +412,12 @@ mod tests {
         assert_eq!((first.turn, second.turn, third.turn), (0, S, 2 * S));
         // The second withdrawn at 0: the third takes its turn.
         let mut tats = third.ends;
-        assert!(b.withdraw(
-            &mut tats,
-            &second,
-            0,
-            Release::Tokens,
-            std::iter::once(&mut third)
-        ));
+        assert!(b.withdraw(&mut tats, &second, 0, std::iter::once(&mut third)));
         assert_eq!(third.turn, S);
         assert_eq!(tats, third.ends);
         // And withdrawn in turn, the state is as after the first alone.
         let third = third;
-        assert!(!b.withdraw(&mut tats, &third, 0, Release::Tokens, std::iter::empty()));
+        assert!(!b.withdraw(&mut tats, &third, 0, std::iter::empty()));
         assert_eq!(tats, first.ends);
     }
 

@@ -295,7 +295,7 @@ fn loom_refund_against_pours() {
         let Reserve::Queued(r) = cell.reserve(0, 1, Release::Tokens, None, Wait::Queue) else {
             panic!("the second waiter queues")
         };
-        let (id, _) = queue.push(1, r.end, Grant::Spend);
+        let (id, _) = queue.push(1, crate::engine::Turn::tokens(r.end), Grant::Spend);
         let canceller = {
             let bucket = bucket.clone();
             thread::spawn(move || {

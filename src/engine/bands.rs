@@ -15,7 +15,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::published::Published;
-use super::{Engine, Kind, Reserve, Schedule};
+use super::{Engine, Kind, Reserve, Schedule, Waits};
 use crate::algorithm::{Bands, PerBand, Placed, Release};
 use crate::{ConfigError, Peek, Quota, clock};
 
@@ -92,16 +92,22 @@ impl Schedule for Banded {
         Ok(())
     }
 
-    fn reserve_unlocked(&self, _: u32, _: Option<Duration>) -> Option<Reserve<()>> {
+    fn reserve_unlocked(&self, _: u32, _: Option<Duration>, _: Waits) -> Option<Reserve<()>> {
         None
     }
 
-    fn reserve(&self, tats: &mut PerBand, n: u32, max_wait: Option<Duration>) -> Reserve<Placed> {
+    fn reserve(
+        &self,
+        tats: &mut PerBand,
+        n: u32,
+        max_wait: Option<Duration>,
+        waits: Waits,
+    ) -> Reserve<Placed> {
         if self.is_closed() {
             return Reserve::Closed;
         }
         let now = self.now();
-        let Ok(placed) = self.bands.reserve(tats, now, n, self.release) else {
+        let Ok(placed) = self.bands.reserve(tats, now, n, waits.rule(self.release)) else {
             return Reserve::Overflow;
         };
         let wait = placed.turn - now;
@@ -147,9 +153,7 @@ impl Schedule for Banded {
         _: u32,
         behind: impl Iterator<Item = &'a mut Placed>,
     ) -> bool {
-        let moved = self
-            .bands
-            .withdraw(tats, &placed, *now, self.release, behind);
+        let moved = self.bands.withdraw(tats, &placed, *now, behind);
         self.published.publish(tats);
         moved
     }

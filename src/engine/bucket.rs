@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Engine, Kind, Reserve, Schedule};
+use super::{Engine, Kind, Reserve, Schedule, Waits};
 use crate::algorithm::{Params, Release};
 use crate::cell::{Cell, Wait};
 use crate::{Band, BandState, ConfigError, Peek, Rate};
@@ -93,15 +93,37 @@ impl Bucket {
         let s = self.cell.snapshot();
         s.params.available(s.tat(), s.params.scale_nanos(now))
     }
+}
 
-    fn ready(&self, view: &View, end: u128, n: u32) -> u128 {
-        view.params.ready(end, n, self.release)
+/// An entry's place: the end of its reservation, in scaled units, and the
+/// rule it waits by (the bucket's own, or the token rule for a request for
+/// room, see [`Waits`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Turn {
+    end: u128,
+    release: Release,
+}
+
+impl Turn {
+    /// When the entry of `n` may go, in the view's scaled units.
+    fn ready(&self, view: &View, n: u32) -> u128 {
+        view.params.ready(self.end, n, self.release)
+    }
+}
+
+#[cfg(test)]
+impl Turn {
+    /// A turn ending at `end`, waiting by the token rule.
+    pub(crate) fn tokens(end: u128) -> Turn {
+        Turn {
+            end,
+            release: Release::Tokens,
+        }
     }
 }
 
 impl Schedule for Bucket {
-    /// The end of the entry's reservation, in scaled units.
-    type Turn = u128;
+    type Turn = Turn;
     /// The rate as configured.
     type Books = Configured;
     type View = View;
@@ -124,31 +146,46 @@ impl Schedule for Bucket {
         cell.try_pour(cell.now_nanos(), n)
     }
 
-    fn reserve_unlocked(&self, n: u32, max_wait: Option<Duration>) -> Option<Reserve<()>> {
+    fn reserve_unlocked(
+        &self,
+        n: u32,
+        max_wait: Option<Duration>,
+        waits: Waits,
+    ) -> Option<Reserve<()>> {
         let now = self.cell.now_nanos();
         let max_wait = max_wait.map(|d| d.as_nanos());
-        match self
-            .cell
-            .reserve(now, n, self.release, max_wait, Wait::Refuse)
-        {
+        let release = waits.rule(self.release);
+        match self.cell.reserve(now, n, release, max_wait, Wait::Refuse) {
             Reserve::WouldWait => None,
             outcome => Some(outcome.map(|_| ())),
         }
     }
 
-    fn reserve(&self, _: &mut Configured, n: u32, max_wait: Option<Duration>) -> Reserve<u128> {
+    fn reserve(
+        &self,
+        _: &mut Configured,
+        n: u32,
+        max_wait: Option<Duration>,
+        waits: Waits,
+    ) -> Reserve<Turn> {
         // Read the clock under the lock: time may have passed while waiting
         // for it, and a stale `now` overstates the water (a shaper would
         // overflow wrongly).
         let now = self.cell.now_nanos();
         let max_wait = max_wait.map(|d| d.as_nanos());
+        let release = waits.rule(self.release);
         self.cell
-            .reserve(now, n, self.release, max_wait, Wait::Queue)
-            .map(|place| place.end)
+            .reserve(now, n, release, max_wait, Wait::Queue)
+            .map(|place| Turn {
+                end: place.end,
+                release,
+            })
     }
 
-    fn follow(&self, _: &mut u128, _: &u128) {
-        // Each reservation ends after the one before it: always in order.
+    fn follow(&self, _: &mut Turn, _: &Turn) {
+        // Each reservation ends after the one before it, and the queue
+        // releases its entries in order (a request for room behind a
+        // shaper's waits for it, though it may fit sooner).
     }
 
     fn view(&self, _: &Configured) -> View {
@@ -159,36 +196,33 @@ impl Schedule for Bucket {
         }
     }
 
-    fn is_due(&self, view: &View, end: &u128, n: u32) -> bool {
-        self.ready(view, *end, n) <= view.now
+    fn is_due(&self, view: &View, turn: &Turn, n: u32) -> bool {
+        turn.ready(view, n) <= view.now
     }
 
-    fn instant(&self, view: &View, end: &u128, n: u32) -> Option<Instant> {
-        Some(
-            self.cell
-                .instant_at(&view.params, self.ready(view, *end, n)),
-        )
+    fn instant(&self, view: &View, turn: &Turn, n: u32) -> Option<Instant> {
+        Some(self.cell.instant_at(&view.params, turn.ready(view, n)))
     }
 
-    fn granted(&self, _: &mut Configured, view: &View, end: &u128, n: u32) {
+    fn granted(&self, _: &mut Configured, view: &View, turn: &Turn, n: u32) {
         self.cell
-            .note_late_release(&view.params, self.ready(view, *end, n), view.now);
+            .note_late_release(&view.params, turn.ready(view, n), view.now);
     }
 
     fn withdraw<'a>(
         &self,
         _: &mut Configured,
         view: &View,
-        end: u128,
+        turn: Turn,
         n: u32,
-        behind: impl Iterator<Item = &'a mut u128>,
+        behind: impl Iterator<Item = &'a mut Turn>,
     ) -> bool {
-        let refund = view.params.refund(end, n, view.now);
+        let refund = view.params.refund(turn.end, n, view.now);
         if refund == 0 {
             return false;
         }
         for later in behind {
-            *later -= refund;
+            later.end -= refund;
         }
         self.cell.refund(refund);
         true
@@ -268,8 +302,8 @@ impl Engine<Bucket> {
         self.change(|bucket, queue| {
             let now = bucket.cell.now_nanos();
             bucket.cell.set_params(params, now, |old, new| {
-                for end in queue.turns_mut() {
-                    *end = old.rescale(new, *end, now);
+                for turn in queue.turns_mut() {
+                    turn.end = old.rescale(new, turn.end, now);
                 }
             });
             queue.books = Configured::new(rate);

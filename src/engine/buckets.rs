@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Banded, Bucket, Engine, Kind, Setup};
+use super::{Banded, Bucket, Engine, Kind, Setup, Waits};
 use crate::algorithm::{Params, Release};
 use crate::{AcquireError, ConfigError, Peek, Quota, Rate, Reservation, Stats, TryAcquireError};
 
@@ -59,6 +59,11 @@ impl BucketEngine {
         max_wait: Option<Duration>,
     ) -> Result<(), AcquireError> {
         either!(self, e => e.acquire(n, max_wait).await)
+    }
+
+    /// Waits in the queue until `n` permits fit (see [`Waits::ForRoom`]).
+    pub(crate) async fn acquire_room(&self, n: u32) -> Result<(), AcquireError> {
+        either!(self, e => e.acquire_waiting(n, None, Waits::ForRoom).await)
     }
 
     #[inline]

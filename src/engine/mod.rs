@@ -54,6 +54,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::algorithm::Release;
 pub(crate) use crate::algorithm::Reserve;
 use crate::reservation::{Hold, Reservation};
 use crate::stats::{self, Stats, Stripe};
@@ -61,6 +62,8 @@ use crate::{AcquireError, TryAcquireError, clock};
 pub(crate) use bands::Banded;
 #[cfg(test)]
 pub(crate) use bucket::Configured;
+#[cfg(test)]
+pub(crate) use bucket::Turn;
 pub(crate) use bucket::{Bucket, Setup};
 pub(crate) use buckets::BucketEngine;
 pub(crate) use queue::{Grant, Queue};
@@ -115,13 +118,19 @@ pub(crate) trait Schedule: Sized + Send + Sync + 'static {
     fn try_take(engine: &Engine<Self>, n: u32) -> Result<(), Option<Duration>>;
     /// The lock-free decision of an `acquire` that need not wait: `None`
     /// when it would have to (or the schedule decides only under the lock).
-    fn reserve_unlocked(&self, n: u32, max_wait: Option<Duration>) -> Option<Reserve<()>>;
+    fn reserve_unlocked(
+        &self,
+        n: u32,
+        max_wait: Option<Duration>,
+        waits: Waits,
+    ) -> Option<Reserve<()>>;
     /// Reserves `n` permits (`1 <= n <= capacity`) at the current time.
     fn reserve(
         &self,
         books: &mut Self::Books,
         n: u32,
         max_wait: Option<Duration>,
+        waits: Waits,
     ) -> Reserve<Self::Turn>;
     /// Keeps a new entry's turn no earlier than the turn of the entry ahead
     /// of it.
@@ -155,6 +164,28 @@ pub(crate) trait Schedule: Sized + Send + Sync + 'static {
     fn available(&self, books: &Self::Books) -> Option<u32>;
     /// The schedule's fields of the limiter's `Debug`.
     fn debug_fields(&self, books: &Self::Books, f: &mut fmt::DebugStruct<'_, '_>);
+}
+
+/// How a request waits for its permits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Waits {
+    /// By the limiter's own rule: for a leaky bucket's shaper, behind the
+    /// water ahead of it, and not at all (`Overflow`) if it does not fit.
+    AsBuilt,
+    /// In the queue until it fits in the bucket (the token rule), whatever
+    /// the limiter's own rule: a leaky bucket's request for room, which
+    /// never overflows and which later requests cannot overtake.
+    ForRoom,
+}
+
+impl Waits {
+    /// The release rule of a request on a bucket whose own rule is `own`.
+    pub(crate) fn rule(self, own: Release) -> Release {
+        match self {
+            Waits::AsBuilt => own,
+            Waits::ForRoom => Release::Tokens,
+        }
+    }
 }
 
 /// How the waiters of an engine learn that their turn came.
@@ -328,7 +359,17 @@ impl<S: Schedule> Engine<S> {
         n: u32,
         max_wait: Option<Duration>,
     ) -> Result<(), AcquireError> {
-        match self.enqueue(n, max_wait, Grant::Spend)? {
+        self.acquire_waiting(n, max_wait, Waits::AsBuilt).await
+    }
+
+    /// Waits for `n` permits, in turn, as `waits` says.
+    pub(crate) async fn acquire_waiting(
+        self: &Arc<Self>,
+        n: u32,
+        max_wait: Option<Duration>,
+        waits: Waits,
+    ) -> Result<(), AcquireError> {
+        match self.enqueue(n, max_wait, Grant::Spend, waits)? {
             Queued::Ready(_) => Ok(()),
             Queued::Waiting(id) => self.wait(id, max_wait, Grant::Spend).await,
         }
@@ -337,7 +378,7 @@ impl<S: Schedule> Engine<S> {
     /// Waits for `n` permits like [`acquire`](Self::acquire), but holds them
     /// in the queue until the reservation is committed or dropped.
     pub(crate) async fn reserve(self: &Arc<Self>, n: u32) -> Result<Reservation, AcquireError> {
-        let id = match self.enqueue(n, None, Grant::Hold)? {
+        let id = match self.enqueue(n, None, Grant::Hold, Waits::AsBuilt)? {
             Queued::Ready(None) => return Ok(Reservation::spent()), // n = 0
             Queued::Ready(Some(id)) | Queued::Waiting(id) => id,
         };
@@ -374,6 +415,7 @@ impl<S: Schedule> Engine<S> {
         n: u32,
         max_wait: Option<Duration>,
         grant: Grant,
+        waits: Waits,
     ) -> Result<Queued, AcquireError> {
         if self.is_closed() {
             return Err(AcquireError::Closed);
@@ -385,9 +427,10 @@ impl<S: Schedule> Engine<S> {
         if n == 0 {
             return Ok(Queued::Ready(None));
         }
-        if grant == Grant::Spend {
+        // A request for room takes the lock: it must see the queue.
+        if grant == Grant::Spend && waits == Waits::AsBuilt {
             // Fast path, lock-free: proceed at once or fail at once.
-            if let Some(outcome) = self.schedule.reserve_unlocked(n, max_wait) {
+            if let Some(outcome) = self.schedule.reserve_unlocked(n, max_wait, waits) {
                 return self.settle(n, &outcome).map(|()| Queued::Ready(None));
             }
         }
@@ -395,7 +438,16 @@ impl<S: Schedule> Engine<S> {
         // reservation order. Held permits always take a place in the queue,
         // so that giving them back moves the right reservations forward.
         let mut queue = self.lock();
-        match self.schedule.reserve(&mut queue.books, n, max_wait) {
+        let reserved = match self.schedule.reserve(&mut queue.books, n, max_wait, waits) {
+            // A request for room that fits now still waits behind the
+            // waiters ahead (a leaky bucket's shaped waiters wait for the
+            // water ahead of them to drain, not for room).
+            Reserve::Ready(turn) if waits == Waits::ForRoom && queue.has_pending() => {
+                Reserve::Queued(turn)
+            }
+            reserved => reserved,
+        };
+        match reserved {
             Reserve::Queued(mut turn) => {
                 if let Some(ahead) = queue.last() {
                     self.schedule.follow(&mut turn, ahead);

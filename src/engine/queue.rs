@@ -334,6 +334,7 @@ mod tests {
     use crate::Rate;
     use crate::algorithm::{Params, Release};
     use crate::engine::Bucket;
+    use crate::engine::Turn;
 
     const MS: u128 = 1_000_000;
 
@@ -349,7 +350,7 @@ mod tests {
     /// The first pending entry's turn, from the bucket's origin.
     fn next_turn(q: &Queue<Bucket>, b: &Bucket) -> Option<Duration> {
         let view = b.view_at(0);
-        let origin = b.instant(&view, &0, 0)?;
+        let origin = b.instant(&view, &Turn::tokens(0), 0)?;
         Some(q.next_turn(b, &view)? - origin)
     }
 
@@ -357,11 +358,11 @@ mod tests {
     fn withdrawal_shifts_everyone_behind() {
         let (b, mut q) = setup(1);
         // Reservations ending at 100, 300 (n = 2), 400 ms: ready at 0, 200, 300.
-        let (first, is_first) = q.push(1, 100 * MS, Grant::Spend);
+        let (first, is_first) = q.push(1, Turn::tokens(100 * MS), Grant::Spend);
         assert!(is_first);
-        let (second, is_first) = q.push(2, 300 * MS, Grant::Spend);
+        let (second, is_first) = q.push(2, Turn::tokens(300 * MS), Grant::Spend);
         assert!(!is_first);
-        let (third, _) = q.push(1, 400 * MS, Grant::Spend);
+        let (third, _) = q.push(1, Turn::tokens(400 * MS), Grant::Spend);
         let mut wakers = vec![];
         assert_eq!(q.grant_due(&b, &b.view_at(0), &mut wakers, None), 1);
         assert_eq!(next_turn(&q, &b), Some(Duration::from_millis(200)));
@@ -373,33 +374,33 @@ mod tests {
         assert_eq!(q.observe(first, waker), Ok((State::Granted, 1)));
         // The first has left the queue, observed: the third is at its head.
         assert_eq!(q.observe(third, waker), Err(0));
-        assert_eq!(q.turn(0), (&(200 * MS), 1));
+        assert_eq!(q.turn(0), (&Turn::tokens(200 * MS), 1));
     }
 
     #[test]
     fn refund_is_only_the_undrained_part() {
         let (b, mut q) = setup(1);
-        let (first, _) = q.push(2, 200 * MS, Grant::Spend);
-        let (second, _) = q.push(1, 300 * MS, Grant::Spend);
-        let (third, _) = q.push(1, 400 * MS, Grant::Spend);
+        let (first, _) = q.push(2, Turn::tokens(200 * MS), Grant::Spend);
+        let (second, _) = q.push(1, Turn::tokens(300 * MS), Grant::Spend);
+        let (third, _) = q.push(1, Turn::tokens(400 * MS), Grant::Spend);
         // The first was due at 100 ms; withdrawn at 150 ms, half of it has
         // drained: 50 ms come back.
         let at = b.view_at(150 * MS);
         assert_eq!(q.withdraw(first, &b, &at), Some(0));
         let waker = Waker::noop();
         assert_eq!(q.observe(third, waker), Err(1));
-        assert_eq!(q.turn(1), (&(350 * MS), 1));
+        assert_eq!(q.turn(1), (&Turn::tokens(350 * MS), 1));
         // The second now ends at 250 ms: none of it has drained.
         assert_eq!(q.withdraw(second, &b, &at), Some(0));
         assert_eq!(q.observe(third, waker), Err(0));
-        assert_eq!(q.turn(0), (&(250 * MS), 1));
+        assert_eq!(q.turn(0), (&Turn::tokens(250 * MS), 1));
     }
 
     #[test]
     fn close_marks_pending_only() {
         let (b, mut q) = setup(1);
-        let (first, _) = q.push(1, 100 * MS, Grant::Spend);
-        let (second, _) = q.push(1, 200 * MS, Grant::Spend);
+        let (first, _) = q.push(1, Turn::tokens(100 * MS), Grant::Spend);
+        let (second, _) = q.push(1, Turn::tokens(200 * MS), Grant::Spend);
         let mut wakers = vec![];
         q.grant_due(&b, &b.view_at(0), &mut wakers, None);
         q.close(&mut wakers);

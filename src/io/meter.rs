@@ -137,16 +137,19 @@ impl<L> Meter<L> {
     }
 }
 
-/// Spends `n` permits of `limiter`, waiting in its FIFO queue.
+/// Spends `n` permits of `limiter`, waiting in its FIFO queue until they
+/// fit ([`Limiter::acquire_room`]: for a leaky bucket, its queue rather
+/// than its shaper, which would overflow).
 ///
-/// A leaky bucket's shaper refuses a chunk that does not fit in the bucket
-/// now (`Overflow`, never parked); then the meter says exactly when it
-/// will fit (`Limited { retry_after }`), and this sleeps until then and
-/// asks again. Nothing is held while it sleeps, so dropping it is free.
+/// A limiter of the caller's own whose `acquire_room` still answers
+/// `Overflow` is asked again when its meter says the chunk will fit
+/// (`Limited { retry_after }`), sleeping in between: that wait is outside
+/// any queue, so such a limiter does not keep the arrival order. Nothing is
+/// held while it sleeps, so dropping it is free.
 async fn pay<L: Limiter + ?Sized>(limiter: Arc<L>, n: u32) -> Result<(), AcquireError> {
     // `L`'s own method: through `Arc<L>`'s forwarding impl it would box a
     // second future per payment.
-    match (*limiter).acquire_many(n).await {
+    match (*limiter).acquire_room(n).await {
         Err(AcquireError::Overflow) => loop {
             match (*limiter).try_acquire_many(n) {
                 Ok(()) => return Ok(()),

@@ -13,8 +13,13 @@
 //! burst), a [`Quota`](crate::Quota) of several bands (bytes per second
 //! *and* per day), the limiter of one key of a
 //! [`Keyed`](crate::keyed::Keyed) map, or an `Arc<dyn Limiter>` that
-//! several connections share (they wait in one FIFO queue, so each gets
-//! its turn in arrival order). A wrapper keeps the limiter in an `Arc` of
+//! several connections share. Connections sharing a limiter wait in its one
+//! FIFO queue, so each gets its turn in arrival order whatever the size of
+//! its chunks: a payment is [`Limiter::acquire_room`], which for a leaky
+//! bucket waits in the queue for room rather than overflowing its shaper.
+//! (A [`Limiter`] of your own whose `acquire_room` answers `Overflow` is
+//! asked again when its `try_acquire_many` says the chunk fits: outside any
+//! queue, so smaller payments may overtake a larger one there.) A wrapper keeps the limiter in an `Arc` of
 //! its own, so pass a handle (the crate's handles are cheap clones) or an
 //! `Arc`, not a borrow.
 //!
@@ -65,8 +70,14 @@
 //! * A write pays for one chunk before it writes (bytes handed to a writer
 //!   are gone); a short write keeps the rest as credit for the next write,
 //!   so a writer that takes 100 bytes at a time is charged 100 bytes at a
-//!   time. Credit is less than one chunk (plus one permit's bytes), and it
-//!   is lost with the wrapper.
+//!   time. Credit is lost with the wrapper.
+//! * **Credit**, the bytes paid for and not yet read or written, is always
+//!   less than one chunk plus one permit's bytes: `credit() < chunk() +
+//!   bytes_per_permit()`, for both wrappers. (A payment covers at most one
+//!   chunk, rounded up to whole permits, and is made only once the credit
+//!   is spent.) A reader pays for bytes it already holds, so its credit
+//!   after a read is below one permit's bytes; a writer's, after a short
+//!   write, may be nearly a chunk.
 //! * So, at any moment, the bytes handed out (read) or to the writer
 //!   underneath (written) are at most the permits granted times the bytes
 //!   per permit; the difference is the credit (and, for a reader, bytes

@@ -186,9 +186,11 @@ impl<R, L> RateLimitedRead<R, L> {
         self
     }
 
-    /// Bytes paid for and not yet read (less than one permit's worth, from
-    /// a payment rounded up to whole permits); the next read spends them
-    /// first.
+    /// Bytes paid for and not yet read, which the next read spends first:
+    /// less than [`chunk`](Self::chunk) plus one permit's bytes, as for a
+    /// writer (see [the module docs](super#accounting)); after a read,
+    /// less than one permit's bytes (the payment for the bytes read,
+    /// rounded up to whole permits).
     pub fn credit(&self) -> u64 {
         self.meter.credit()
     }

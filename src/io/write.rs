@@ -1,7 +1,7 @@
 //! `RateLimitedWrite`: an `AsyncWrite` that pays for the bytes it writes.
 
 use std::fmt;
-use std::io;
+use std::io::{self, IoSlice};
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
@@ -11,6 +11,10 @@ use tokio::io::{AsyncBufRead, AsyncRead, AsyncWrite, ReadBuf};
 use super::DEFAULT_MAX_CHUNK;
 use super::meter::Meter;
 use crate::Limiter;
+
+/// The most slices one vectored write offers the writer underneath (the
+/// rest wait for the next write, as they would after a short write).
+const MAX_SLICES: usize = 64;
 
 pin_project! {
     /// A writer whose bytes are paid for with a [`Limiter`]'s permits, one
@@ -22,9 +26,12 @@ pin_project! {
     /// the writer underneath at most what it paid for. When that writer
     /// takes fewer (a short write), the rest stays paid, as **credit** the
     /// next write spends first; so every byte paid for is written, except
-    /// the credit left when the wrapper is dropped (less than one chunk,
-    /// plus one permit's bytes). A zero-length write passes through and
-    /// costs nothing. Reads, if the writer underneath is also a reader,
+    /// the credit left when the wrapper is dropped (less than one chunk plus
+    /// one permit's bytes, as for a reader: see
+    /// [the module docs](super#accounting)). A zero-length write passes
+    /// through and costs nothing. Vectored writes are forwarded as such
+    /// (what the writer underneath does with them, `is_write_vectored`
+    /// says), held to the bytes paid for. Reads, if the writer underneath is also a reader,
     /// pass through unlimited.
     ///
     /// # Cancel safety
@@ -200,6 +207,42 @@ impl<W: AsyncWrite, L: Limiter + 'static> AsyncWrite for RateLimitedWrite<W, L> 
         // `poll_write`'s contract; one that claims more is charged no more.
         this.meter.spend(written.min(offered));
         Poll::Ready(Ok(written))
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.project();
+        let total = bufs.iter().fold(0usize, |n, b| n.saturating_add(b.len()));
+        if total == 0 {
+            return this.inner.poll_write_vectored(cx, bufs); // costs nothing
+        }
+        let credit = ready!(this.meter.poll_credit(cx, total))?;
+        let offered = total.min(usize::try_from(credit).unwrap_or(usize::MAX));
+        // The slices held to `offered` bytes: the whole ones that fit, then
+        // the start of the next (at most `MAX_SLICES`, as a vectored write
+        // may take fewer anyway).
+        let mut held = [IoSlice::new(&[]); MAX_SLICES];
+        let (mut count, mut left) = (0, offered);
+        for buf in bufs.iter().filter(|b| !b.is_empty()).take(MAX_SLICES) {
+            if left == 0 {
+                break;
+            }
+            let take = buf.len().min(left);
+            held[count] = IoSlice::new(&buf[..take]);
+            count += 1;
+            left -= take;
+        }
+        let offered = offered - left;
+        let written = ready!(this.inner.poll_write_vectored(cx, &held[..count]))?;
+        this.meter.spend(written.min(offered));
+        Poll::Ready(Ok(written))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {

@@ -20,7 +20,7 @@ use tokio::time::Instant;
 
 use crate::algorithm::{Reserve, SmoothState, Span, Undo};
 use crate::cell::{CREDIT_GRACE, CREDIT_REACH};
-use crate::engine::{Engine, Kind, Schedule, Waking};
+use crate::engine::{Engine, Kind, Schedule, Waits, Waking};
 use crate::{ConfigError, clock};
 
 /// The lock-free part of a smooth limiter.
@@ -166,11 +166,19 @@ impl Schedule for Smooth {
         }
     }
 
-    fn reserve_unlocked(&self, _: u32, _: Option<Duration>) -> Option<Reserve<()>> {
+    fn reserve_unlocked(&self, _: u32, _: Option<Duration>, _: Waits) -> Option<Reserve<()>> {
         None
     }
 
-    fn reserve(&self, books: &mut Books, n: u32, max_wait: Option<Duration>) -> Reserve<Turn> {
+    /// Every request waits by Guava's rule: in turn, never overflowing (a
+    /// request for room is one like any other).
+    fn reserve(
+        &self,
+        books: &mut Books,
+        n: u32,
+        max_wait: Option<Duration>,
+        _: Waits,
+    ) -> Reserve<Turn> {
         if self.is_closed() {
             return Reserve::Closed;
         }
