@@ -99,7 +99,9 @@ impl Origin {
                 instant: now(),
             };
         }
-        #[cfg(feature = "fast-clock")]
+        // Not in the loom models: the fast clock is one per process, and its
+        // atomics are loom's there (a model's objects live one execution).
+        #[cfg(all(feature = "fast-clock", not(all(test, tokio_ratelimit_loom))))]
         if let Some(fast) = fast::get() {
             if !runtime_is_paused() {
                 return Origin {
@@ -193,7 +195,7 @@ impl Origin {
 /// auto-advances when the runtime is idle). So: two readings of tokio's
 /// clock around one of std's. Running, they bracket it; paused, they are
 /// equal and std's differs (time has passed since the pause).
-#[cfg(feature = "fast-clock")]
+#[cfg(all(feature = "fast-clock", not(all(test, tokio_ratelimit_loom))))]
 fn runtime_is_paused() -> bool {
     if tokio::runtime::Handle::try_current().is_err() {
         return false;
