@@ -230,3 +230,38 @@ async fn any_keyed_limiter_fits_and_a_foreign_tier_is_a_503() {
     tokio::time::advance(Duration::from_secs(1)).await;
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
+
+/// Configuration order is never a panic (issue 26): a setter on a clone
+/// changes that clone only; the clones share the limiter (and so the keys'
+/// state).
+#[tokio::test(start_paused = true)]
+async fn a_layer_configured_after_it_is_cloned_changes_that_clone_only() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let layer = HttpRateLimitLayer::new(map(Quota::new(Rate::per_second(1), 1)), ClientIp::new());
+    let before = layer.clone();
+    let teapot = layer
+        .clone()
+        .limited_status(StatusCode::IM_A_TEAPOT)
+        .legacy_headers(true);
+    let (svc, teapot_svc) = (counted(&before, &calls), counted(&teapot, &calls));
+    let peer = Some("192.0.2.7:40000");
+    assert_eq!(
+        call(&svc, request(peer, &[])).await.status(),
+        StatusCode::OK
+    );
+    // The same key, one map: the second request is over the limit, answered
+    // by each layer's own configuration.
+    let refused = call(&teapot_svc, request(peer, &[])).await;
+    assert_eq!(refused.status(), StatusCode::IM_A_TEAPOT);
+    assert!(refused.headers().contains_key("x-ratelimit-limit"));
+    let refused = call(&svc, request(peer, &[])).await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(!refused.headers().contains_key("x-ratelimit-limit"));
+    // And the layer cloned from keeps its own too.
+    let original = counted(&layer, &calls);
+    assert_eq!(
+        call(&original, request(peer, &[])).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}

@@ -34,10 +34,13 @@ pub enum Unidentified {
 /// The quota of a key, when keys have tiers.
 type QuotaFor = dyn Fn(&ClientKey) -> Option<Quota> + Send + Sync;
 
+/// A layer's configuration. Setters copy it if the layer has been cloned
+/// (the clone keeps what it had); the limiter and the extractor are shared
+/// by every copy.
 struct Config<L, E> {
-    limiter: L,
-    extractor: E,
-    quota_for: Option<Box<QuotaFor>>,
+    limiter: Arc<L>,
+    extractor: Arc<E>,
+    quota_for: Option<Arc<QuotaFor>>,
     unidentified: Unidentified,
     limited: StatusCode,
     unavailable: StatusCode,
@@ -46,6 +49,25 @@ struct Config<L, E> {
     legacy_headers: bool,
     /// The fields of each quota seen, built once.
     fields: headers::FieldsCache,
+}
+
+impl<L, E> Config<L, E> {
+    /// The same configuration, sharing the limiter and the extractor (and
+    /// starting a cache of header fields of its own).
+    fn copy(&self) -> Config<L, E> {
+        Config {
+            limiter: Arc::clone(&self.limiter),
+            extractor: Arc::clone(&self.extractor),
+            quota_for: self.quota_for.clone(),
+            unidentified: self.unidentified.clone(),
+            limited: self.limited,
+            unavailable: self.unavailable,
+            unavailable_retry_after: self.unavailable_retry_after,
+            policy_headers: self.policy_headers,
+            legacy_headers: self.legacy_headers,
+            fields: headers::FieldsCache::default(),
+        }
+    }
 }
 
 /// Rate limits an HTTP service per client, answering for the limit: finds
@@ -74,6 +96,11 @@ struct Config<L, E> {
 /// A local map decides inside `call`, and the service made ready is
 /// called at once: no future is boxed. A shared store's decision is one
 /// boxed future.
+///
+/// The setters may be called in any order, before or after the layer is
+/// cloned: a setter changes the layer it is called on (and the services it
+/// makes from then on), never a clone made before; the clones share the
+/// limiter and the extractor.
 ///
 /// Refusals have an empty body (`ResBody: Default`, as axum's `Body`);
 /// their statuses are configurable. The service must be `Clone` (the one
@@ -114,8 +141,8 @@ impl<L, E> HttpRateLimitLayer<L, E> {
     pub fn new(limiter: L, extractor: E) -> Self {
         HttpRateLimitLayer {
             config: Arc::new(Config {
-                limiter,
-                extractor,
+                limiter: Arc::new(limiter),
+                extractor: Arc::new(extractor),
                 quota_for: None,
                 unidentified: Unidentified::Reject(StatusCode::BAD_REQUEST),
                 limited: StatusCode::TOO_MANY_REQUESTS,
@@ -128,43 +155,38 @@ impl<L, E> HttpRateLimitLayer<L, E> {
         }
     }
 
+    /// Changes the configuration of this layer (and of the services it
+    /// makes from now on) only: once the layer has been cloned, the
+    /// configuration is copied first, so a clone keeps what it had.
     fn with(mut self, change: impl FnOnce(&mut Config<L, E>)) -> Self {
-        let config = Arc::get_mut(&mut self.config).expect("configured before it is cloned");
-        change(config);
+        if Arc::get_mut(&mut self.config).is_none() {
+            self.config = Arc::new(self.config.copy());
+        }
+        if let Some(config) = Arc::get_mut(&mut self.config) {
+            change(config);
+        }
         self
     }
 
     /// The quota of a key (its tier): `None` for the limiter's own. With a
     /// `KeyedFunnel`, every quota returned must be one of the map's tiers
     /// (another is refused as `Closed`: a 503).
-    ///
-    /// # Panics
-    ///
-    /// When the layer has been cloned already: configure it first.
     #[must_use]
     pub fn quota_for<F>(self, quota_for: F) -> Self
     where
         F: Fn(&ClientKey) -> Option<Quota> + Send + Sync + 'static,
     {
-        self.with(|c| c.quota_for = Some(Box::new(quota_for)))
+        self.with(|c| c.quota_for = Some(Arc::new(quota_for)))
     }
 
     /// What to do with a request whose key cannot be extracted (default:
     /// reject with `400 Bad Request`).
-    ///
-    /// # Panics
-    ///
-    /// As [`quota_for`](Self::quota_for).
     #[must_use]
     pub fn unidentified(self, answer: Unidentified) -> Self {
         self.with(|c| c.unidentified = answer)
     }
 
     /// The status of a request over its limit (default `429`).
-    ///
-    /// # Panics
-    ///
-    /// As [`quota_for`](Self::quota_for).
     #[must_use]
     pub fn limited_status(self, status: StatusCode) -> Self {
         self.with(|c| c.limited = status)
@@ -172,10 +194,6 @@ impl<L, E> HttpRateLimitLayer<L, E> {
 
     /// The status and `Retry-After` of a request whose limit could not be
     /// decided (default `503`, 1 s).
-    ///
-    /// # Panics
-    ///
-    /// As [`quota_for`](Self::quota_for).
     #[must_use]
     pub fn unavailable(self, status: StatusCode, retry_after: Duration) -> Self {
         self.with(|c| {
@@ -185,10 +203,6 @@ impl<L, E> HttpRateLimitLayer<L, E> {
     }
 
     /// Whether to add `RateLimit-Policy` and `RateLimit` (default: yes).
-    ///
-    /// # Panics
-    ///
-    /// As [`quota_for`](Self::quota_for).
     #[must_use]
     pub fn policy_headers(self, enabled: bool) -> Self {
         self.with(|c| c.policy_headers = enabled)
@@ -196,10 +210,6 @@ impl<L, E> HttpRateLimitLayer<L, E> {
 
     /// Whether to add the legacy `X-RateLimit-Limit`, `-Remaining` and
     /// `-Reset`, for the band that binds first (default: no).
-    ///
-    /// # Panics
-    ///
-    /// As [`quota_for`](Self::quota_for).
     #[must_use]
     pub fn legacy_headers(self, enabled: bool) -> Self {
         self.with(|c| c.legacy_headers = enabled)
