@@ -582,6 +582,8 @@ fn bad_input_gets_a_message_naming_the_line() {
             }
             (Err(ReplayError::Trace(error)), None) => {
                 assert_eq!(error.to_string(), expected, "{name}");
+                // A bad trace exits apart from a bad flag (2).
+                assert_eq!(ReplayError::Trace(error).exit_code(), 3, "{name}");
             }
             (other, _) => panic!("{name}: {other:?}"),
         }
@@ -589,6 +591,7 @@ fn bad_input_gets_a_message_naming_the_line() {
     // A trace longer than the tally keeps buckets for.
     let long = TempTrace::new("long.csv", "0,a\n3000000,a\n");
     let error = run(&plan(&["--trace", long.path(), "--limiter", "funnel"])).unwrap_err();
+    assert_eq!(error.exit_code(), 4);
     assert_eq!(
         error.to_string(),
         "a request at 34d17h20m is past 2000000 buckets of 1s (--bucket): give a longer --bucket"
@@ -842,6 +845,8 @@ fn tool_flags_are_checked() {
     for &(args, message) in refused {
         let error = parse_command(args.iter().copied()).unwrap_err();
         assert!(error.to_string().contains(message), "{args:?}: {error}");
+        // A bad flag exits with clap's 2; a bad trace with 3.
+        assert_eq!(error.exit_code(), 2, "{args:?}");
     }
     // A spec's knobs, and its defaults from the demo's flags.
     let plan = plan(&[

@@ -240,6 +240,21 @@ pub(crate) enum ReplayError {
     },
 }
 
+impl ReplayError {
+    /// The exit code of the process that stops on this error: 2 for a
+    /// limiter that cannot be built (a bad `--limiter`, as clap's 2 for a
+    /// bad flag), 3 for a trace that cannot be read, is empty or has a bad
+    /// line, 4 for traffic the replay cannot hold (too long for its
+    /// buckets, too many waiting at once).
+    pub(crate) fn exit_code(&self) -> u8 {
+        match self {
+            ReplayError::Build(..) => 2,
+            ReplayError::Trace(_) => 3,
+            ReplayError::TooLong { .. } | ReplayError::Backlog { .. } => 4,
+        }
+    }
+}
+
 impl std::fmt::Display for ReplayError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

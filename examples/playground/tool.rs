@@ -48,7 +48,12 @@ Examples, the tool (a whole traffic: totals, per-second rates, a chart, JSON):
   initial=N (token), max-burst=SPAN (bursty), warmup=SPAN, cold-factor=F,
   timeout=SPAN (waiting modes), label=TEXT. Unset, rate and capacity are --rate and --capacity.
   Try modes (token, leaky, funnel, *-try) stream: a day at 1000/s (86 M requests) in well under a minute.
-  Waiting modes run a task per request: keep them to a few million requests.";
+  Waiting modes run a task per request: keep them to a few million requests.
+
+Exit status: 0 done; 1 an output (--svg, --json) could not be written; 2 a bad flag or
+  a limiter that cannot be built; 3 a trace that cannot be read, is empty, or has a bad
+  line (without --on-error skip); 4 traffic the replay cannot hold (past --bucket's
+  buckets, too many waiting at once).";
 
 /// Generated traffic as `--traffic` gives it (the duration and seed are
 /// flags of their own).
@@ -314,7 +319,7 @@ pub(crate) fn run(plan: &Plan) -> ExitCode {
             if matches!(error, ReplayError::Trace(TraceError::Line { .. })) {
                 eprintln!("(--on-error skip leaves bad lines out and goes on)");
             }
-            return ExitCode::from(2);
+            return ExitCode::from(error.exit_code());
         }
     };
     let elapsed = started.elapsed();
