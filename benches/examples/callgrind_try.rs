@@ -8,7 +8,7 @@
 //! callgrind_annotate cg.out | head -40
 //! ```
 //!
-//! Arguments: `token|token2|funnel|governor|keyed|governor_keyed|semaphore|clock`,
+//! Arguments: `token|token2|funnel|bursty|governor|keyed|governor_keyed|semaphore|clock`,
 //! `allowed|denied`, and a call count. `keyed` and `governor_keyed` check one
 //! hot `u64` key of a map that holds 1 000 keys (the default hashers; the
 //! quota of the `memory` benchmark: 1/s, burst 10⁷). Subtract a run with a
@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use governor::{Quota, RateLimiter};
 use tokio::sync::Semaphore;
 use tokio_ratelimit::keyed::KeyedFunnel;
-use tokio_ratelimit::{Funnel, Rate, TokenBucket};
+use tokio_ratelimit::{Funnel, Rate, SmoothBursty, TokenBucket};
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -81,6 +81,20 @@ fn main() {
             }
             for _ in 0..n {
                 ok += u64::from(f.try_acquire().is_ok());
+            }
+        }
+        "bursty" => {
+            // As the `try` scenario: 10⁹/s (denied: 1/hour), one permit a call.
+            let rate = if allowed { 1e9 } else { 1.0 / 3600.0 };
+            let b = SmoothBursty::builder()
+                .permits_per_second(rate)
+                .build()
+                .unwrap();
+            if !allowed {
+                b.try_acquire().unwrap();
+            }
+            for _ in 0..n {
+                ok += u64::from(b.try_acquire().is_ok());
             }
         }
         "governor" => {

@@ -402,7 +402,7 @@ impl SmoothState {
     pub fn set_rate(&mut self, now: Duration, permits_per_second: f64) -> Result<(), ConfigError> {
         Rate::per_second_f64(permits_per_second).validate()?;
         let now = picos(now);
-        self.resync(now / self.unit);
+        self.resync(in_units(now, self.unit));
         // Guava's `SECONDS.toMicros(1L) / permitsPerSecond`; in picoseconds
         // where that is below a microsecond.
         let (unit, stable_interval) = match 1e6 / permits_per_second {
@@ -560,7 +560,7 @@ impl SmoothState {
     /// ```
     pub fn stored_permits(&self, now: Duration) -> f64 {
         let mut state = self.clone();
-        state.resync(state.units(now));
+        let _ = state.resync(state.units(now));
         state.stored_permits
     }
 
@@ -612,7 +612,7 @@ impl SmoothState {
 
     /// `now` in whole units, as Guava's stopwatch reads it.
     fn units(&self, now: Duration) -> u128 {
-        picos(now) / self.unit
+        in_units(picos(now), self.unit)
     }
 
     /// [`reserve`](Self::reserve), also returning where the reservation
@@ -641,20 +641,22 @@ impl SmoothState {
         timeout: Duration,
     ) -> Option<(Duration, Span)> {
         // `canAcquire`: `nextFreeTicketMicros - timeoutMicros <= nowMicros`.
-        let timeout = timeout.as_nanos().saturating_mul(PS_PER_NS) / self.unit;
-        if permits > 0 && self.next_free / self.unit > self.units(now) + timeout {
+        let timeout = in_units(timeout.as_nanos().saturating_mul(PS_PER_NS), self.unit);
+        let now_units = self.units(now);
+        if permits > 0 && in_units(self.next_free, self.unit) > now_units + timeout {
             return None;
         }
-        Some(self.reserve_span(now, permits))
+        if permits == 0 {
+            return Some(self.reserve_span(now, permits));
+        }
+        Some(self.reserve_span_at(permits, now_units))
     }
 
     /// `reserveAndGetWaitLength`: the wait, from `now` in units, and the
     /// reservation's span.
     fn reserve_span_at(&mut self, permits: u32, now: u128) -> (Duration, Span) {
         let moment_available = self.reserve_earliest_available(permits, now);
-        let wait = nanos_to_duration(
-            (moment_available.saturating_sub(now) * self.unit).div_ceil(PS_PER_NS),
-        );
+        let wait = nanos_to_duration(nanos_ceil(moment_available.saturating_sub(now) * self.unit));
         let span = Span {
             moment: moment_available * self.unit,
             end: self.next_free,
@@ -711,8 +713,7 @@ impl SmoothState {
     /// caller may go, in units.
     #[expect(clippy::cast_possible_truncation, reason = "Java's `(long)`")]
     fn reserve_earliest_available(&mut self, required_permits: u32, now: u128) -> u128 {
-        self.resync(now);
-        let return_value = self.next_free / self.unit;
+        let return_value = self.resync(now);
         let required_permits = f64::from(required_permits);
         let stored_permits_to_spend = required_permits.min(self.stored_permits);
         let fresh_permits = required_permits - stored_permits_to_spend;
@@ -768,18 +769,28 @@ impl SmoothState {
     /// `resync`: turns idle time before `now` (in units) into stored
     /// permits.
     #[expect(clippy::cast_precision_loss, reason = "Java's `long` to `double`")]
-    fn resync(&mut self, now: u128) {
-        let next_free = self.next_free / self.unit;
+    /// Returns the next free ticket after it, in units.
+    fn resync(&mut self, now: u128) -> u128 {
+        let next_free = in_units(self.next_free, self.unit);
         if now > next_free {
             // Without room, nothing is stored: Guava computes the same for
             // the bursty limiter, and `0 / 0` (then NaN permits) for a
             // zero warm-up.
             if self.max_permits > 0.0 {
-                let new_permits = (now - next_free) as f64 / self.cool_down_interval();
+                // Through 64 bits where it fits: the same rounding (to the
+                // nearest double) without a library call.
+                let idle = now - next_free;
+                let idle = match u64::try_from(idle) {
+                    Ok(small) => small as f64,
+                    Err(_) => wide_to_f64(idle),
+                };
+                let new_permits = idle / self.cool_down_interval();
                 self.stored_permits = self.max_permits.min(self.stored_permits + new_permits);
             }
             self.next_free = now * self.unit;
+            return now;
         }
+        next_free
     }
 }
 
@@ -813,6 +824,37 @@ impl Span {
 /// A time in picoseconds, capped at [`LATEST`].
 fn picos(t: Duration) -> u128 {
     t.as_nanos().saturating_mul(PS_PER_NS).min(LATEST)
+}
+
+/// `picos / unit` for a unit of a picosecond or a microsecond (the only
+/// two): below 2⁶⁴ ps (213 days) a 64-bit division by a constant, which
+/// compiles to a multiplication; a 128-bit division is a library call and
+/// a hardware divide, and an allowed `try_acquire` made seven.
+#[inline]
+fn in_units(picos: u128, unit: u128) -> u128 {
+    match (unit, u64::try_from(picos)) {
+        (1, _) => picos,
+        (MICROS, Ok(small)) => u128::from(small / 1_000_000),
+        _ => picos / unit,
+    }
+}
+
+/// `x as f64` for an `x` past 64 bits, out of line (inline, the compiler
+/// computes it on both sides of the branch).
+#[cold]
+#[inline(never)]
+#[expect(clippy::cast_precision_loss, reason = "Java's `long` to `double`")]
+fn wide_to_f64(x: u128) -> f64 {
+    x as f64
+}
+
+/// `picos.div_ceil(PS_PER_NS)`, in 64 bits below 2⁶⁴ (see [`in_units`]).
+#[inline]
+fn nanos_ceil(picos: u128) -> u128 {
+    match u64::try_from(picos) {
+        Ok(small) => u128::from(small.div_ceil(1000)),
+        Err(_) => picos.div_ceil(PS_PER_NS),
+    }
 }
 
 #[cfg(test)]
@@ -1247,6 +1289,31 @@ mod tests {
         // Its 250 ns would leave the ticket at 750 ns: rounded up, 1 µs.
         assert_eq!(fast.give_back(ms(0), x), 0);
         assert_eq!(fast.next_free(), us(1));
+    }
+
+    #[test]
+    fn units_and_nanos_agree_with_128_bit_division() {
+        let big = u128::from(u64::MAX);
+        for picos in [
+            0,
+            1,
+            999,
+            1000,
+            1001,
+            999_999,
+            1_000_000,
+            1_000_001,
+            big - 1,
+            big,
+            big + 1,
+            big * 3 + 7,
+            LATEST,
+        ] {
+            for unit in [1, MICROS] {
+                assert_eq!(in_units(picos, unit), picos / unit, "{picos} / {unit}");
+            }
+            assert_eq!(nanos_ceil(picos), picos.div_ceil(PS_PER_NS), "{picos}");
+        }
     }
 
     #[test]

@@ -147,7 +147,8 @@ impl Schedule for Smooth {
         let books = &mut queue.books;
         // Others may have been granted while this caller waited for the
         // lock: if it now looks owed, look again with the clock read now.
-        let now = if books.state.next_free() > now {
+        // (In nanoseconds as published: `next_free` divides in 128 bits.)
+        let now = if Duration::from_nanos(books.state.next_free_nanos()) > now {
             smooth.now()
         } else {
             now
