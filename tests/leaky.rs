@@ -409,3 +409,53 @@ async fn high_rate_loop_delivers_the_schedule() {
     // 999.02 ms, so the bucket is empty at 1000 ms.
     assert_eq!(b.level(), 0);
 }
+
+/// `acquire_room`: the edges (0, more than the capacity, `u32::MAX`, a
+/// closed bucket), its place in the queue (behind a shaped waiter, ahead of
+/// what comes after), and a drop that gives its water back at once.
+#[tokio::test(start_paused = true)]
+async fn acquire_room_waits_in_turn_for_room_and_fails_only_on_bad_input() {
+    let b = bucket(Rate::per_second(10), 3);
+    assert_eq!(b.acquire_room(0).await, Ok(()));
+    assert_eq!(
+        b.acquire_room(4).await,
+        Err(AcquireError::InsufficientCapacity)
+    );
+    assert_eq!(
+        b.acquire_room(u32::MAX).await,
+        Err(AcquireError::InsufficientCapacity)
+    );
+    assert_eq!(b.level(), 0);
+
+    // Two units in; a shaped request of 1 fits and waits 200 ms for the
+    // water ahead; a request for 3 does not fit and waits behind it, for
+    // room: until the bucket has drained to empty (300 ms), poured on credit.
+    b.try_acquire_many(2).unwrap();
+    let mut shaped = task::spawn(b.acquire());
+    assert_pending!(shaped.poll());
+    let mut room = task::spawn(b.acquire_room(3));
+    assert_pending!(room.poll());
+    // The shaper overflows behind it; the meter is refused.
+    assert_eq!(b.acquire().await, Err(AcquireError::Overflow));
+    assert_eq!(b.try_acquire(), limited(ms(400))); // 6 units in, room for 1 at 4 drained
+    time::advance(ms(200)).await;
+    assert_ready_eq!(shaped.poll(), Ok(()));
+    assert_pending!(room.poll());
+    time::advance(ms(100)).await;
+    assert_ready_eq!(room.poll(), Ok(()));
+    assert_eq!(b.level(), 3);
+
+    // Dropped while waiting, its units come back out at once.
+    let mut room = task::spawn(b.acquire_room(2));
+    assert_pending!(room.poll());
+    assert_eq!(b.level(), 5);
+    drop(room);
+    assert_eq!(b.level(), 3);
+
+    // Closed: before and while waiting.
+    let mut room = task::spawn(b.acquire_room(3));
+    assert_pending!(room.poll());
+    b.close();
+    assert_ready_eq!(room.poll(), Err(AcquireError::Closed));
+    assert_eq!(b.acquire_room(1).await, Err(AcquireError::Closed));
+}

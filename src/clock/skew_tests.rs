@@ -21,7 +21,7 @@ use proptest::prelude::*;
 use super::fake;
 use crate::keyed::{Keyed, KeyedFunnel};
 use crate::{
-    Funnel, LeakyBucket, Rate, SmoothBursty, SmoothWarmingUp, TokenBucket, TryAcquireError,
+    Funnel, LeakyBucket, Quota, Rate, SmoothBursty, SmoothWarmingUp, TokenBucket, TryAcquireError,
 };
 
 /// Where both clocks start (the fake clocks read nanoseconds).
@@ -83,6 +83,11 @@ fn limiters(capacity: u32) -> Limiters {
         .capacity(capacity)
         .build()
         .unwrap();
+    // Two bands: the limiter's, and one of twice the rate and capacity.
+    let two_bands = TokenBucket::builder()
+        .quota(Quota::new(rate, capacity).and(Rate::per_second(2000), 2 * capacity))
+        .build()
+        .unwrap();
     let funnel = Funnel::builder()
         .rate(rate)
         .capacity(capacity)
@@ -121,6 +126,11 @@ fn limiters(capacity: u32) -> Limiters {
             "LeakyBucket",
             Timeline::Shared,
             Box::new(move |s: Step| ok(leaky.try_acquire_many(s.n))),
+        ),
+        (
+            "TokenBucket, 2 bands",
+            Timeline::Shared,
+            Box::new(move |s: Step| ok(two_bands.try_acquire_many(s.n))),
         ),
         (
             "Funnel",
