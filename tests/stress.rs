@@ -611,6 +611,31 @@ fn token_bucket_threads() {
     threads("TokenBucket threads", 4, bucket_bound(), token_bucket);
 }
 
+/// The same, with the rate set again (to itself) by one caller partway:
+/// the change widens the bucket's lock-free word (the state moves from a
+/// 64-bit word to a 128-bit one) while the other threads pour, and the
+/// bound holds across it.
+#[test]
+fn token_bucket_threads_widened_midway() {
+    let _serial = serial();
+    let rt = runtime();
+    let load = Load::new(THREADS, 4, 1);
+    let limiter = rt.block_on(async { token_bucket() });
+    let calls = std::sync::atomic::AtomicU64::new(0);
+    let tally = hammer(load, |_, n| {
+        if calls.fetch_add(1, Ordering::Relaxed) == 20_000 {
+            limiter.set_rate(rate()).unwrap();
+        }
+        try_once(&limiter, n)
+    });
+    assert!(
+        calls.load(Ordering::Relaxed) > 20_000,
+        "the change happened"
+    );
+    check("TokenBucket threads, widened", &tally, bucket_bound());
+    check_stats("TokenBucket threads, widened", limiter.stats(), &tally);
+}
+
 #[test]
 fn token_bucket_tasks() {
     let _serial = serial();

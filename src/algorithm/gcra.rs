@@ -209,7 +209,7 @@ impl Params {
     /// [`try_pour`](Self::try_pour) in 64 bits; `None` when a quantity
     /// does not fit.
     #[inline]
-    fn try_pour_narrow(&self, tat: u64, now: u64, n: u32) -> Option<Result<u64, u64>> {
+    pub(crate) fn try_pour_narrow(&self, tat: u64, now: u64, n: u32) -> Option<Result<u64, u64>> {
         let cost = self.num.checked_mul(u64::from(n))?;
         let tau = self.num.checked_mul(u64::from(self.capacity))?;
         let end = tat.max(now).checked_add(cost)?;

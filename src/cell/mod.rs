@@ -1,9 +1,21 @@
 //! The lock-free GCRA cell every bucket is built on.
 //!
-//! One 128-bit word holds the whole decision state, so the hot paths
+//! One word holds the whole decision state, so the hot paths
 //! (`try_acquire`, and an `acquire` that need not wait) are one atomic load,
 //! a little integer arithmetic from [`crate::algorithm`], and one
-//! compare-and-swap — no lock, no allocation:
+//! compare-and-swap — no lock, no allocation.
+//!
+//! A cell starts *narrow*: the state is the `tat` alone, in one 64-bit
+//! word, while it is below 2⁶² scaled units (146 years at a rate of whole
+//! nanoseconds, `den` = 1) and nobody has closed the cell or changed its
+//! rate. A 64-bit load and compare-and-swap cost a third of 128-bit ones
+//! (and half under contention, `benches` section 0). The first time one
+//! of those happens the cell *widens*, once and for good: the thread that
+//! moves the narrow word to `MOVING` copies the `tat` into the wide word
+//! below and then marks the narrow one `WIDE`; a thread that finds it
+//! moving waits the two stores out; every later decision reads the wide
+//! word. A narrow state is the wide one with generation 0, open: the
+//! `tat`'s units do not change.
 //!
 //! ```text
 //! bit 127     closed
@@ -36,6 +48,13 @@ const GEN_SHIFT: u32 = 100;
 const GEN_MASK: u128 = (1 << 27) - 1;
 const CLOSED: u128 = 1 << 127;
 
+/// The narrow word holds a `tat` below this.
+const NARROW_LIMIT: u64 = 1 << 62;
+/// The narrow word once the state lives in the wide one.
+const WIDE: u64 = 1 << 63;
+/// The narrow word while one thread copies it into the wide one.
+const MOVING: u64 = WIDE | NARROW_LIMIT;
+
 /// How soon after a late release a waiter's request is credited for the
 /// lateness (see [`Cell::arrival`]). Under a tick, so that with the paused
 /// clock only requests at the release instant are.
@@ -45,20 +64,30 @@ pub(crate) const CREDIT_REACH: Duration = Duration::from_millis(4);
 
 /// The lock-free state of one bucket.
 ///
-/// `repr(C)`: what every call reads comes first, in 48 bytes (the word,
-/// the interval, the capacity, the decoded origin), so the engine can keep
-/// the counters off its cache line (see `engine::Engine`). The word shares
+/// `repr(C)`: what every call reads comes first, in 40 bytes (the narrow
+/// word, the interval, the capacity, the decoded origin), so the engine
+/// can keep the counters off its cache line (see `engine::Engine`). The
+/// bucket's two constant fields fill the gaps the alignment leaves, so a
+/// cell is 96 bytes, as before it had a narrow word. The word shares
 /// that line with the read-only fields: a thread that finds the word
 /// changed by another's pour misses on the line once, which it would on a
 /// word of its own line too. (It had a line of its own, and a bucket took
 /// 512 bytes.)
 #[repr(C)]
 pub(crate) struct Cell {
-    word: AtomicU128,
+    /// The `tat` while below [`NARROW_LIMIT`]; [`MOVING`] or [`WIDE`]
+    /// once the state is in `word`.
+    narrow: AtomicU64,
     num: AtomicU64,
     den: AtomicU64,
     capacity: u32,
+    /// The bucket's: tokens a newly built bucket lacks (capacity − initial).
+    pub(crate) fresh_deficit: u32,
     origin: clock::Origin,
+    /// The bucket's: when a waiter may go.
+    pub(crate) release: Release,
+    /// The state once the cell has widened (see the module docs).
+    word: AtomicU128,
     /// The latest waiter released after its due time: its due time (ns
     /// since the origin, rounded down) in the high 64 bits, the time it was
     /// released in the low 64 bits; 0 for none.
@@ -68,7 +97,10 @@ pub(crate) struct Cell {
 /// A consistent view of the word and the interval it is expressed in.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Snapshot {
+    /// The wide word; from a narrow cell, its `tat` (generation 0, open).
     word: u128,
+    /// Read from the narrow word (which the swap must then replace).
+    narrow: bool,
     pub(crate) params: Params,
 }
 
@@ -92,13 +124,34 @@ pub(crate) enum Wait {
 }
 
 impl Cell {
+    /// A cell of its own (the tests').
+    #[cfg(test)]
     pub(crate) fn new(params: Params, tat: u128, origin: clock::Origin) -> Cell {
+        Cell::for_bucket(params, tat, origin, 0, Release::Tokens)
+    }
+
+    /// A cell that also keeps its bucket's constants (see [`Cell`]).
+    pub(crate) fn for_bucket(
+        params: Params,
+        tat: u128,
+        origin: clock::Origin,
+        fresh_deficit: u32,
+        release: Release,
+    ) -> Cell {
+        let tat = tat & TAT_MASK;
+        let (narrow, word) = match u64::try_from(tat) {
+            Ok(narrow) if narrow < NARROW_LIMIT => (narrow, 0),
+            _ => (WIDE, tat),
+        };
         Cell {
-            word: AtomicU128::new(tat & TAT_MASK),
+            narrow: AtomicU64::new(narrow),
             num: AtomicU64::new(params.num()),
             den: AtomicU64::new(params.den()),
             capacity: params.capacity(),
+            fresh_deficit,
             origin,
+            release,
+            word: AtomicU128::new(word),
             credit: AtomicU128::new(0),
         }
     }
@@ -138,21 +191,47 @@ impl Cell {
     /// their compare-and-swap on the same word or with [`Cell::still_valid`].
     fn read(&self) -> Snapshot {
         loop {
+            let narrow = self.narrow.load(Ordering::Acquire);
+            if narrow < NARROW_LIMIT {
+                // The interval cannot change before the cell widens.
+                let params = self.params_relaxed();
+                // Order the interval loads before whatever validates them.
+                fence(Ordering::Acquire);
+                return Snapshot {
+                    word: u128::from(narrow),
+                    narrow: true,
+                    params,
+                };
+            }
+            if narrow == MOVING {
+                spin_loop();
+                continue;
+            }
             let word = self.word.load(Ordering::Acquire);
             if generation(word) & 1 == 1 {
                 // A rate change is being written; it takes a few instructions.
                 spin_loop();
                 continue;
             }
-            let params = Params::from_parts(
-                self.num.load(Ordering::Relaxed),
-                self.den.load(Ordering::Relaxed),
-                self.capacity,
-            );
+            let params = self.params_relaxed();
             // Order the interval loads before whatever validates them.
             fence(Ordering::Acquire);
-            return Snapshot { word, params };
+            return Snapshot {
+                word,
+                narrow: false,
+                params,
+            };
         }
+    }
+
+    /// The interval as stored, unvalidated.
+    #[inline]
+    fn params_relaxed(&self) -> Params {
+        Params::from_parts(
+            self.num.load(Ordering::Relaxed),
+            self.den.load(Ordering::Relaxed),
+            self.capacity,
+        )
     }
 
     /// Whether a snapshot that was only read (not swapped) is still
@@ -160,22 +239,129 @@ impl Cell {
     /// read was stored by a rate change, the fences in `read` and
     /// `set_params` make that change's odd generation visible here.)
     fn still_valid(&self, s: &Snapshot) -> bool {
+        if s.narrow {
+            // The interval changes only after the cell has widened.
+            return self.narrow.load(Ordering::Relaxed) < NARROW_LIMIT;
+        }
         generation(self.word.load(Ordering::Relaxed)) == generation(s.word)
     }
 
     /// Replaces the snapshot's tat with `tat` if nothing changed meanwhile.
+    ///
+    /// A narrow snapshot whose new `tat` does not fit the narrow word
+    /// widens the cell and fails: the caller reads again, wide.
     fn swap(&self, s: &Snapshot, tat: u128) -> bool {
+        if s.narrow {
+            return match u64::try_from(tat) {
+                Ok(tat) if tat < NARROW_LIMIT => self.swap_narrow(s.word, tat),
+                _ => {
+                    self.widen();
+                    false
+                }
+            };
+        }
         let new = (s.word & !TAT_MASK) | (tat & TAT_MASK);
         self.word
             .compare_exchange_weak(s.word, new, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
     }
 
+    /// The narrow half of [`swap`](Self::swap).
+    #[inline]
+    fn swap_narrow(&self, old: u128, tat: u64) -> bool {
+        // `old` came from the narrow word, so it fits.
+        let old = u64::try_from(old).unwrap_or(MOVING);
+        self.narrow
+            .compare_exchange_weak(old, tat, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// Moves the state into the wide word, if it is not there yet (see the
+    /// module docs). Every caller of this goes on to read the wide word.
+    #[cold]
+    fn widen(&self) {
+        let mut narrow = self.narrow.load(Ordering::Acquire);
+        loop {
+            match narrow {
+                WIDE => return,
+                MOVING => {
+                    spin_loop();
+                    narrow = self.narrow.load(Ordering::Acquire);
+                }
+                tat => match self.narrow.compare_exchange_weak(
+                    tat,
+                    MOVING,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                ) {
+                    Ok(_) => {
+                        // Nobody reads or writes the wide word before it is
+                        // marked wide; the release below publishes it.
+                        self.word.store(u128::from(tat), Ordering::Relaxed);
+                        self.narrow.store(WIDE, Ordering::Release);
+                        return;
+                    }
+                    Err(actual) => narrow = actual,
+                },
+            }
+        }
+    }
+
+    /// Whether the state is still in the narrow word.
+    #[cfg(test)]
+    pub(crate) fn is_narrow(&self) -> bool {
+        self.narrow.load(Ordering::Relaxed) < NARROW_LIMIT
+    }
+
     /// The meter (`try_acquire`): pours `n` units if they fit now.
     ///
     /// `Err(Some(wait))` is a refusal with the exact wait, `Err(None)` means
     /// closed. The caller has checked `1 <= n <= capacity`.
+    #[inline]
     pub(crate) fn try_pour(&self, now_nanos: u128, n: u32) -> Result<(), Option<Duration>> {
+        // The narrow cell in 64-bit arithmetic; anything that does not fit
+        // goes the general way, which widens the cell.
+        loop {
+            let tat = self.narrow.load(Ordering::Acquire);
+            if tat >= NARROW_LIMIT {
+                break;
+            }
+            let params = self.params_relaxed();
+            let Some(now) = u64::try_from(now_nanos)
+                .ok()
+                .and_then(|nanos| nanos.checked_mul(params.den()))
+                .filter(|&now| now < NARROW_LIMIT)
+            else {
+                break;
+            };
+            match params.try_pour_narrow(tat, now, n) {
+                Some(Ok(end)) if end < NARROW_LIMIT => {
+                    if self
+                        .narrow
+                        .compare_exchange_weak(tat, end, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok()
+                    {
+                        return Ok(());
+                    }
+                    // Another thread's pour won: let it finish with the line.
+                    spin_loop();
+                }
+                Some(Err(wait)) => {
+                    // Order the interval loads before the check.
+                    fence(Ordering::Acquire);
+                    if self.narrow.load(Ordering::Relaxed) < NARROW_LIMIT {
+                        return Err(Some(params.duration_ceil(u128::from(wait))));
+                    }
+                }
+                _ => break,
+            }
+        }
+        self.try_pour_wide(now_nanos, n)
+    }
+
+    /// [`try_pour`](Self::try_pour) through the general snapshot.
+    #[cold]
+    fn try_pour_wide(&self, now_nanos: u128, n: u32) -> Result<(), Option<Duration>> {
         loop {
             let s = self.read();
             if s.is_closed() {
@@ -323,6 +509,28 @@ impl Cell {
         if amount == 0 {
             return;
         }
+        let mut narrow = self.narrow.load(Ordering::Acquire);
+        loop {
+            match narrow {
+                WIDE => break,
+                MOVING => {
+                    spin_loop();
+                    narrow = self.narrow.load(Ordering::Acquire);
+                }
+                tat => {
+                    let new = u64::try_from(u128::from(tat).saturating_sub(amount)).unwrap_or(0);
+                    match self.narrow.compare_exchange_weak(
+                        tat,
+                        new,
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    ) {
+                        Ok(_) => return,
+                        Err(actual) => narrow = actual,
+                    }
+                }
+            }
+        }
         let mut word = self.word.load(Ordering::Acquire);
         loop {
             let tat = (word & TAT_MASK).saturating_sub(amount);
@@ -340,11 +548,14 @@ impl Cell {
     /// Marks the cell closed; every later decision answers `Closed`.
     /// Returns whether it was open.
     pub(crate) fn close(&self) -> bool {
+        self.widen();
         self.word.fetch_or(CLOSED, Ordering::AcqRel) & CLOSED == 0
     }
 
     pub(crate) fn is_closed(&self) -> bool {
-        self.word.load(Ordering::Acquire) & CLOSED != 0
+        // Closing widens first, so a narrow (or moving) cell is open.
+        self.narrow.load(Ordering::Acquire) == WIDE
+            && self.word.load(Ordering::Acquire) & CLOSED != 0
     }
 
     /// Switches to new parameters at `now_nanos`, converting `tat` (and,
@@ -358,6 +569,8 @@ impl Cell {
         now_nanos: u128,
         convert: impl FnOnce(&Params, &Params),
     ) {
+        // The interval changes only in the wide word.
+        self.widen();
         // Make the generation odd: readers wait, swaps based on older
         // snapshots fail.
         let mut word = self.word.load(Ordering::Acquire);
@@ -516,6 +729,127 @@ mod tests {
             params.scale_nanos(20 * MS),
         );
         assert!(!c.has_credit(20 * MS));
+    }
+
+    /// A cell starts narrow and widens for good when it is closed, when
+    /// its rate changes, or when a time or `tat` outgrows the narrow word;
+    /// the answers are the same either side.
+    #[test]
+    fn widens_once_on_close_rate_change_and_overflow() {
+        let c = cell(Rate::per_second(10), 2);
+        assert!(c.is_narrow());
+        assert_eq!(c.try_pour(0, 2), Ok(()));
+        c.refund(c.snapshot().params.cost(1));
+        assert!(c.is_narrow());
+        assert!(!c.is_closed());
+        assert!(c.close());
+        assert!(!c.is_narrow());
+        assert!(c.is_closed());
+        assert_eq!(c.try_pour(0, 1), Err(None));
+        assert_eq!(
+            c.reserve(0, 1, Release::Tokens, None, Wait::Queue),
+            Reserve::Closed
+        );
+
+        let c = cell(Rate::per_second(10), 2);
+        assert_eq!(c.try_pour(0, 2), Ok(()));
+        c.set_params(Params::new(Rate::per_second(10), 2).unwrap(), 0, |_, _| {});
+        assert!(!c.is_narrow());
+        assert_eq!(generation(c.snapshot().word), 2);
+        assert_eq!(c.try_pour(0, 1), Err(Some(Duration::from_millis(100))));
+        assert_eq!(c.try_pour(100 * MS, 1), Ok(()));
+
+        // den = 4 294 967 291 (a prime, 5 s the period): 2⁶² scaled units
+        // are 1.07 s.
+        let rate = Rate::per(4_294_967_291, Duration::from_secs(5));
+        let c = cell(rate, 1);
+        let limit = u128::from(NARROW_LIMIT) / u128::from(c.snapshot().params.den());
+        assert_eq!(c.try_pour(limit - 1, 1), Ok(()));
+        assert!(c.is_narrow());
+        assert_eq!(c.try_pour(limit + 1, 1), Ok(()));
+        assert!(!c.is_narrow());
+        assert_eq!(c.try_pour(limit + 1, 1), Err(Some(Duration::from_nanos(2))));
+        // A tat past the limit, from a request that starts below it.
+        let c = cell(rate, 1);
+        let just_below = (u128::from(NARROW_LIMIT) - 1) / u128::from(c.snapshot().params.den());
+        assert!(matches!(
+            c.reserve(just_below, 1, Release::Tokens, None, Wait::Queue),
+            Reserve::Ready(_)
+        ));
+        assert!(!c.is_narrow());
+        // A cell made with a tat the narrow word cannot hold starts wide.
+        let p = Params::new(rate, 1).unwrap();
+        let c = Cell::new(p, u128::from(NARROW_LIMIT), clock::Origin::now());
+        assert!(!c.is_narrow());
+        assert_eq!(c.snapshot().tat(), u128::from(NARROW_LIMIT));
+    }
+
+    mod narrow_and_wide {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        #[derive(Debug, Clone, Copy)]
+        enum Op {
+            Pour(u32),
+            Reserve(u32, bool),
+            Refund(u64),
+            Advance(u64),
+        }
+
+        fn op() -> impl Strategy<Value = Op> {
+            prop_oneof![
+                4 => (1..=4u32).prop_map(Op::Pour),
+                2 => (1..=4u32, any::<bool>()).prop_map(|(n, water)| Op::Reserve(n, water)),
+                1 => (0..200_000_000u64).prop_map(Op::Refund),
+                4 => prop_oneof![0..1_000u64, 0..300_000_000u64].prop_map(Op::Advance),
+            ]
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(2_000))]
+            /// The same operations on a narrow cell and on one widened
+            /// from the start give the same answers and the same `tat`;
+            /// at a rate whose units outgrow the narrow word within the
+            /// run, the narrow one widens on the way.
+            #[test]
+            fn give_the_same_answers(
+                permits in prop_oneof![Just(10u32), Just(3), Just(999_999_937), Just(0)],
+                start in prop_oneof![Just(0u64), 0..2_000_000_000u64],
+                ops in proptest::collection::vec(op(), 1..60),
+            ) {
+                // 0: 4 294 967 291 per 5 s, a `den` just under 2³².
+                let rate = if permits == 0 {
+                    Rate::per(4_294_967_291, Duration::from_secs(5))
+                } else {
+                    Rate::per_second(permits)
+                };
+                let params = Params::new(rate, 4).unwrap();
+                let narrow = Cell::new(params, 0, clock::Origin::now());
+                let wide = Cell::new(params, 0, clock::Origin::now());
+                wide.widen();
+                prop_assert!(narrow.is_narrow() && !wide.is_narrow());
+                let mut now = u128::from(start);
+                for op in ops {
+                    match op {
+                        Op::Pour(n) => prop_assert_eq!(narrow.try_pour(now, n), wide.try_pour(now, n)),
+                        Op::Reserve(n, water) => {
+                            let release = if water { Release::Water } else { Release::Tokens };
+                            prop_assert_eq!(
+                                narrow.reserve(now, n, release, Some(150 * MS), Wait::Queue),
+                                wide.reserve(now, n, release, Some(150 * MS), Wait::Queue)
+                            );
+                        }
+                        Op::Refund(amount) => {
+                            narrow.refund(u128::from(amount));
+                            wide.refund(u128::from(amount));
+                        }
+                        Op::Advance(d) => now += u128::from(d),
+                    }
+                    prop_assert_eq!(narrow.snapshot().tat(), wide.snapshot().tat());
+                }
+            }
+        }
     }
 
     #[test]

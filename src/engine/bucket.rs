@@ -19,13 +19,11 @@ use crate::algorithm::{Params, Release};
 use crate::cell::{Cell, Wait};
 use crate::{Band, BandState, ConfigError, Peek, Rate};
 
-/// The schedule over one GCRA cell.
-#[repr(C)]
+/// The schedule over one GCRA cell. Its constants (the release rule and
+/// the deficit of a fresh bucket) are kept in the cell, in the room its
+/// alignment leaves.
 pub(crate) struct Bucket {
     pub(crate) cell: Cell,
-    release: Release,
-    /// Tokens a newly built bucket lacks (capacity − initial).
-    fresh_deficit: u32,
 }
 
 /// The rate as configured (the cell keeps it reduced), in 16 bytes: a
@@ -72,9 +70,13 @@ pub(crate) struct View {
 impl Bucket {
     pub(crate) fn new(params: Params, deficit: u32, release: Release) -> Bucket {
         Bucket {
-            cell: Cell::new(params, params.cost(deficit), crate::clock::Origin::now()),
-            release,
-            fresh_deficit: deficit,
+            cell: Cell::for_bucket(
+                params,
+                params.cost(deficit),
+                crate::clock::Origin::now(),
+                deficit,
+                release,
+            ),
         }
     }
 
@@ -154,7 +156,7 @@ impl Schedule for Bucket {
     ) -> Option<Reserve<()>> {
         let now = self.cell.now_nanos();
         let max_wait = max_wait.map(|d| d.as_nanos());
-        let release = waits.rule(self.release);
+        let release = waits.rule(self.cell.release);
         match self.cell.reserve(now, n, release, max_wait, Wait::Refuse) {
             Reserve::WouldWait => None,
             outcome => Some(outcome.map(|_| ())),
@@ -173,7 +175,7 @@ impl Schedule for Bucket {
         // overflow wrongly).
         let now = self.cell.now_nanos();
         let max_wait = max_wait.map(|d| d.as_nanos());
-        let release = waits.rule(self.release);
+        let release = waits.rule(self.cell.release);
         self.cell
             .reserve(now, n, release, max_wait, Wait::Queue)
             .map(|place| Turn {
@@ -233,7 +235,7 @@ impl Schedule for Bucket {
         let s = self.cell.snapshot();
         let now = s.params.scale_nanos(now_nanos);
         !self.cell.has_credit(now_nanos)
-            && s.tat().max(now) == now + s.params.cost(self.fresh_deficit)
+            && s.tat().max(now) == now + s.params.cost(self.cell.fresh_deficit)
     }
 
     fn available(&self, _: &Configured) -> Option<u32> {
