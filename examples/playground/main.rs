@@ -19,12 +19,12 @@
 //! arithmetic.
 //!
 //! ```text
-//! cargo run --release --example playground
-//! cargo run --release --example playground -- --limiters token,shaper
-//! cargo run --release --example playground -- --rate 10 --capacity 5 --interval 50 --count 60
-//! cargo run --release --example playground -- --rate 0.5 --interval 1500 --count 12
-//! cargo run --release --example playground -- --rate 1000 --capacity 1 --interval 0.4 --count 40
-//! cargo run --release --example playground -- --help
+//! cargo run --release -p playground
+//! cargo run --release -p playground -- --limiters token,shaper
+//! cargo run --release -p playground -- --rate 10 --capacity 5 --interval 50 --count 60
+//! cargo run --release -p playground -- --rate 0.5 --interval 1500 --count 12
+//! cargo run --release -p playground -- --rate 1000 --capacity 1 --interval 0.4 --count 40
+//! cargo run --release -p playground -- --help
 //! ```
 //!
 //! Limiters (`--limiters`, comma-separated; default: all of them):
@@ -312,7 +312,7 @@ impl Config {
     about = "Replays a traffic pattern through tokio-ratelimit's limiters, in virtual time.",
     // This doc comment is for readers of the code, not for `--help`.
     long_about = None,
-    override_usage = "cargo run --release --example playground -- [OPTIONS]",
+    override_usage = "cargo run --release -p playground -- [OPTIONS]",
     after_help = after_help(),
     // A repeated flag: the last one wins, as a shell alias expects.
     args_override_self = true
@@ -575,9 +575,9 @@ fn after_help() -> String {
     }
     text.push_str(
         "\nExamples, the demo (every request, one by one):\n  \
-           cargo run --release --example playground -- --limiters token,shaper\n  \
-           cargo run --release --example playground -- --limiters warmup --rate 5 --interval 100 --count 40\n  \
-           cargo run --release --example playground -- --rate 10 --capacity 5 --interval 50 --count 60\n",
+           cargo run --release -p playground -- --limiters token,shaper\n  \
+           cargo run --release -p playground -- --limiters warmup --rate 5 --interval 100 --count 40\n  \
+           cargo run --release -p playground -- --rate 10 --capacity 5 --interval 50 --count 60\n",
     );
     text.push_str(tool::HELP);
     text

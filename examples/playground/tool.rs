@@ -18,11 +18,11 @@ use super::{Config, Flags, MAX_SPAN};
 /// The end of `--help`, after the demo's examples.
 pub(crate) const HELP: &str = "
 Examples, the tool (a whole traffic: totals, per-second rates, a chart, JSON):
-  cargo run --release --example playground -- --traffic poisson:rate=30,keys=50 --duration 10m \\
+  cargo run --release -p playground -- --traffic poisson:rate=30,keys=50 --duration 10m \\
       --limiter funnel:rate=20,burst=40,per-key --limiter token:rate=20,burst=40 --svg chart.svg
-  cargo run --release --example playground -- --trace tests/data/trace_small.csv \\
+  cargo run --release -p playground -- --trace tests/data/trace_small.csv \\
       --limiter funnel:rate=2,burst=2,per-key --limiter shaper:rate=2,burst=4 --json -
-  cargo run --release --example playground -- --traffic bursts:size=100,every=10s --duration 1m \\
+  cargo run --release -p playground -- --traffic bursts:size=100,every=10s --duration 1m \\
       --limiter 'funnel:quota=20/s:40+600/m:600' --limiter token-wait:rate=20,burst=40,timeout=2s
 
 --traffic PATTERN[:KNOB=V,...], over --duration, from --seed:
