@@ -36,10 +36,10 @@ instructions() {
   rm -f "$out"
 }
 
-idle=$(instructions idle benches/gcra_before_ids.lua 0)
+idle=$(instructions idle redis-benches/gcra_before_ids.lua 0)
 per_call() { echo $(( ($1 - idle) / CALLS )); }
 # shellcheck disable=SC2086
-before=$(per_call "$(instructions before benches/gcra_before_ids.lua $CALLS $BANDS)")
+before=$(per_call "$(instructions before redis-benches/gcra_before_ids.lua $CALLS $BANDS)")
 # shellcheck disable=SC2086
 now_default=$(per_call "$(instructions now src/redis/gcra.lua $CALLS 0123456789abcdef 400000 f $BANDS)")
 # shellcheck disable=SC2086
