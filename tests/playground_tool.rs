@@ -747,6 +747,103 @@ fn the_json_summary_has_the_answers() {
     assert_eq!(waiting["wait_ms"]["max"], 3000.0);
 }
 
+/// `--keys FILE`: one JSON line per key, for every key (refused or not),
+/// with each limiter's passed / waited / refused: on the small trace, the
+/// counts worked out by hand above (the per-key funnel refuses alice 3 of
+/// 7, bob 1 of 3, carol her request of 3; the waiting token bucket makes
+/// alice wait 5 times and refuses her nothing; a roomy funnel refuses
+/// nobody).
+#[test]
+fn every_keys_counts_are_written_one_line_each() {
+    let path = data("trace_small.csv");
+    let out = TempTrace::new("keys.jsonl", "");
+    let plan = plan(&[
+        "--trace",
+        &path,
+        "--limiter",
+        "funnel:rate=1,burst=2,per-key",
+        "--limiter",
+        "token-wait:rate=1,burst=2,per-key",
+        "--limiter",
+        "funnel:rate=1000,burst=1000,label=roomy",
+        "--keys",
+        out.path(),
+    ]);
+    assert_eq!(
+        playground::tool::run(&plan),
+        std::process::ExitCode::SUCCESS
+    );
+    let text = std::fs::read_to_string(&out.0).unwrap();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    let row = |key: &str, requests: u64, counts: [[u64; 3]; 3]| {
+        let labels = [
+            "funnel:rate=1,burst=2,per-key",
+            "token-wait:rate=1,burst=2,per-key",
+            "roomy",
+        ];
+        serde_json::json!({
+            "key": key,
+            "requests": requests,
+            "limiters": labels.iter().zip(counts).map(|(label, [passed, waited, refused])| {
+                serde_json::json!({"label": label, "passed": passed, "waited": waited, "refused": refused})
+            }).collect::<Vec<_>>(),
+        })
+    };
+    assert_eq!(
+        lines,
+        [
+            row("alice", 7, [[4, 0, 3], [2, 5, 0], [7, 0, 0]]),
+            row("bob", 3, [[2, 0, 1], [1, 2, 0], [3, 0, 0]]),
+            row("carol", 2, [[1, 0, 1], [1, 0, 1], [2, 0, 0]]),
+        ]
+    );
+    // Both answers cannot take stdout.
+    assert!(parse_command(["--trace", &path, "--json", "-", "--keys", "-"]).is_err());
+}
+
+/// Many keys: a line each, in the order they came, and the lines add up to
+/// the traffic.
+#[test]
+fn keys_are_streamed_for_many_keys() {
+    let plan = plan(&[
+        "--traffic",
+        "poisson:rate=20000,keys=20000",
+        "--duration",
+        "2s",
+        "--limiter",
+        "funnel:rate=1,burst=1,per-key",
+    ]);
+    let replay = run(&plan).unwrap();
+    let mut out = Vec::new();
+    summary::write_keys(&mut out, &replay).unwrap();
+    let lines: Vec<serde_json::Value> = out
+        .split(|&b| b == b'\n')
+        .filter(|line| !line.is_empty())
+        .map(|line| serde_json::from_slice(line).unwrap())
+        .collect();
+    assert_eq!(lines.len(), replay.seen.keys.len());
+    assert!(lines.len() > 15_000, "{} keys", lines.len());
+    let total = |field: &str| -> u64 {
+        lines
+            .iter()
+            .map(|l| l["limiters"][0][field].as_u64().unwrap())
+            .sum()
+    };
+    let requests: u64 = lines.iter().map(|l| l["requests"].as_u64().unwrap()).sum();
+    assert_eq!(requests, replay.seen.requests);
+    let tally = &replay.tallies[0];
+    assert_eq!(
+        (total("passed"), total("waited"), total("refused")),
+        counts(tally)
+    );
+    for (id, line) in lines.iter().enumerate() {
+        assert_eq!(line["key"], format!("key-{}", id + 1));
+    }
+}
+
 #[test]
 fn the_text_report_answers_the_question() {
     let path = data("trace_small.csv");

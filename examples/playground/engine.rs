@@ -102,6 +102,10 @@ pub(crate) struct Bucket {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct KeyCount {
     pub(crate) requests: u64,
+    /// Granted at once.
+    pub(crate) passed: u64,
+    /// Granted after a wait.
+    pub(crate) waited: u64,
     pub(crate) refused: u64,
 }
 
@@ -171,8 +175,10 @@ impl Tally {
                 self.permits_granted += u64::from(arrival.weight);
                 if wait == 0 {
                     self.passed += 1;
+                    self.keys[key].passed += 1;
                 } else {
                     self.waited += 1;
+                    self.keys[key].waited += 1;
                     self.waits.push(wait);
                 }
                 let bucket = self.bucket(arrival.at.saturating_add(wait));

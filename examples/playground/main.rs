@@ -381,6 +381,10 @@ pub(crate) struct Flags {
     /// Write the JSON summary to FILE ('-': to stdout, instead of the text)
     #[arg(long, value_name = "FILE", help_heading = "Answers")]
     json: Option<PathBuf>,
+    /// Write every key's counts to FILE, one JSON line per key: passed, waited
+    /// and refused per limiter ('-': to stdout, instead of the text)
+    #[arg(long, value_name = "FILE", help_heading = "Answers")]
+    keys: Option<PathBuf>,
     /// The span each per-second row, chart point and JSON bucket counts
     #[arg(long, value_name = "SPAN", default_value = "1s", value_parser = tool::span,
           help_heading = "Answers")]

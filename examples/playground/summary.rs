@@ -68,6 +68,40 @@ pub(crate) fn top_refused(tally: &Tally, n: usize) -> Vec<(u32, u64, u64)> {
     keys
 }
 
+/// Writes what every limiter did with every key, one JSON line per key in
+/// the order keys first appeared: `{"key": …, "requests": …, "limiters":
+/// [{"label": …, "passed": …, "waited": …, "refused": …}, …]}` (the
+/// limiters in the report's order). Streamed: a line is built, written and
+/// dropped, so millions of keys cost no more than their counts.
+pub(crate) fn write_keys(out: &mut impl std::io::Write, replay: &Replay) -> std::io::Result<()> {
+    for id in 0..replay.seen.keys.len() {
+        let counts = |tally: &Tally| tally.keys.get(id).copied().unwrap_or_default();
+        let requests = replay.tallies.first().map_or(0, |t| counts(t).requests);
+        let limiters: Vec<Value> = replay
+            .tallies
+            .iter()
+            .map(|tally| {
+                let k = counts(tally);
+                json!({
+                    "label": tally.spec.label,
+                    "passed": k.passed,
+                    "waited": k.waited,
+                    "refused": k.refused,
+                })
+            })
+            .collect();
+        let id = u32::try_from(id).expect("key ids are u32");
+        let line = json!({
+            "key": replay.seen.keys.name(id),
+            "requests": requests,
+            "limiters": limiters,
+        });
+        serde_json::to_writer(&mut *out, &line)?;
+        out.write_all(b"\n")?;
+    }
+    out.flush()
+}
+
 /// `buckets` merged `by` at a time (sums; the longest wait).
 pub(crate) fn coarsen(buckets: &[Bucket], by: usize) -> Vec<Bucket> {
     buckets

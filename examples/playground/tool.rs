@@ -50,7 +50,7 @@ Examples, the tool (a whole traffic: totals, per-second rates, a chart, JSON):
   Try modes (token, leaky, funnel, *-try) stream: a day at 1000/s (86 M requests) in well under a minute.
   Waiting modes run a task per request: keep them to a few million requests.
 
-Exit status: 0 done; 1 an output (--svg, --json) could not be written; 2 a bad flag or
+Exit status: 0 done; 1 an output (--svg, --json, --keys) could not be written; 2 a bad flag or
   a limiter that cannot be built; 3 a trace that cannot be read, is empty, or has a bad
   line (without --on-error skip); 4 traffic the replay cannot hold (past --bucket's
   buckets, too many waiting at once).";
@@ -73,6 +73,8 @@ pub(crate) struct Plan {
     pub(crate) bucket: Duration,
     pub(crate) svg: Option<PathBuf>,
     pub(crate) json: Option<PathBuf>,
+    /// `--keys`: every key's counts, one JSON line per key.
+    pub(crate) keys: Option<PathBuf>,
     pub(crate) top: usize,
 }
 
@@ -104,6 +106,12 @@ pub(crate) fn plan(flags: &Flags, config: &Config) -> Result<Plan, clap::Error> 
             })
             .collect::<Result<Vec<_>, _>>()?
     };
+    let is_stdout = |p: &Option<PathBuf>| p.as_deref().is_some_and(|p| p.as_os_str() == "-");
+    if is_stdout(&flags.json) && is_stdout(&flags.keys) {
+        return Err(invalid(
+            "--json - and --keys - both want stdout: give one of them a file".to_owned(),
+        ));
+    }
     let traffic = match (&flags.trace, &flags.traffic) {
         (Some(path), _) => Traffic::Trace(Trace {
             path: path.clone(),
@@ -147,6 +155,7 @@ pub(crate) fn plan(flags: &Flags, config: &Config) -> Result<Plan, clap::Error> 
         bucket: flags.bucket,
         svg: flags.svg.clone(),
         json: flags.json.clone(),
+        keys: flags.keys.clone(),
         top: flags.top,
     })
 }
@@ -333,7 +342,27 @@ pub(crate) fn run(plan: &Plan) -> ExitCode {
 }
 
 fn answer(plan: &Plan, replay: &Replay, elapsed: Duration) -> Result<(), String> {
-    let to_stdout = plan.json.as_deref().is_some_and(|p| p.as_os_str() == "-");
+    let json_to_stdout = plan.json.as_deref().is_some_and(|p| p.as_os_str() == "-");
+    let keys_to_stdout = plan.keys.as_deref().is_some_and(|p| p.as_os_str() == "-");
+    let to_stdout = json_to_stdout || keys_to_stdout;
+    if let Some(path) = &plan.keys {
+        let written = if keys_to_stdout {
+            super::summary::write_keys(
+                &mut std::io::BufWriter::new(std::io::stdout().lock()),
+                replay,
+            )
+        } else {
+            std::fs::File::create(path).and_then(|file| {
+                super::summary::write_keys(&mut std::io::BufWriter::new(file), replay)
+            })
+        };
+        // A closed pipe (`| head`) is the reader's choice, not a failure.
+        if let Err(error) = written {
+            if !(keys_to_stdout && error.kind() == std::io::ErrorKind::BrokenPipe) {
+                return Err(format!("{}: {error}", path.display()));
+            }
+        }
+    }
     if let Some(path) = &plan.svg {
         let title = format!("tokio-ratelimit playground: {}", plan.traffic.describe());
         let svg = super::chart::svg(&title, replay)?;
@@ -343,7 +372,7 @@ fn answer(plan: &Plan, replay: &Replay, elapsed: Duration) -> Result<(), String>
         let mut value = super::summary::json(&plan.traffic, replay, plan.top);
         value["replay_seconds"] = serde_json::json!(elapsed.as_secs_f64());
         let text = serde_json::to_string_pretty(&value).expect("a JSON value prints") + "\n";
-        if to_stdout {
+        if json_to_stdout {
             let _ = std::io::stdout().lock().write_all(text.as_bytes());
         } else {
             std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -363,6 +392,9 @@ fn answer(plan: &Plan, replay: &Replay, elapsed: Duration) -> Result<(), String>
         }
         if let Some(path) = &plan.json {
             let _ = writeln!(report, "JSON: {}", path.display());
+        }
+        if let Some(path) = &plan.keys {
+            let _ = writeln!(report, "keys: {}", path.display());
         }
         let _ = std::io::stdout().lock().write_all(report.as_bytes());
     }
