@@ -5,6 +5,7 @@
 //! cargo run --example axum_service -- 3000   # or PORT=3000; 3000 by default
 //! curl -i http://127.0.0.1:3000/                          # free, by address
 //! curl -i -H 'x-api-key: paid-ann' http://127.0.0.1:3000/ # paid, by API key
+//! curl http://127.0.0.1:3000/metrics                       # Prometheus's text format
 //!
 //! # The same service, its per-client limit shared by every replica through Redis:
 //! REDIS_URL=redis://127.0.0.1:6379/ cargo run --features redis --example axum_service
@@ -24,6 +25,11 @@
 //!   Over the limit: `429` with `Retry-After`; a limit that cannot be
 //!   decided (Redis down, failing closed): `503`, never 429. Every answer
 //!   carries `RateLimit-Policy` and `RateLimit` (one item per band).
+//! * `GET /metrics` (not limited) serves the limiters' metrics in
+//!   Prometheus's text format: the `metrics` feature records through the
+//!   `metrics` facade, here into metrics-exporter-prometheus's recorder,
+//!   installed before the limiters (named `per_client` and `expensive`) are
+//!   built. See [`tokio_ratelimit::metrics`] for the series.
 //! * `GET /expensive` is also limited **for the whole server** by a
 //!   [`TokenBucket`](tokio_ratelimit::TokenBucket) through `RateLimitLayer`:
 //!   requests beyond its rate wait their turn (backpressure), they are not
@@ -38,6 +44,7 @@ use axum::error_handling::HandleErrorLayer;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio::net::TcpListener;
 use tokio_ratelimit::http::{ClientIp, ClientKey, Header, HttpRateLimitLayer, KeyExtractor};
 use tokio_ratelimit::keyed::{AsyncKeyedLimiter, KeyedFunnel};
@@ -82,6 +89,10 @@ pub(crate) struct Limits {
     pub(crate) per_client: PerClient,
     /// For the whole server, on `/expensive`.
     pub(crate) expensive: TokenBucket,
+    /// What `/metrics` renders: the recorder the limiters (named
+    /// `per_client` and `expensive`) record into, if one was installed
+    /// before they were built.
+    pub(crate) metrics: Option<PrometheusHandle>,
 }
 
 impl Limits {
@@ -93,7 +104,9 @@ impl Limits {
             expensive: TokenBucket::builder()
                 .rate(config.expensive_rate)
                 .capacity(config.expensive_burst)
+                .name("expensive")
                 .build()?,
+            metrics: None,
         })
     }
 
@@ -102,6 +115,7 @@ impl Limits {
         let per_client: KeyedFunnel<String> = KeyedFunnel::builder()
             .quota(config.free)
             .tier(config.paid)
+            .name("per_client")
             .build()?;
         Limits::with(Arc::new(per_client), config)
     }
@@ -114,6 +128,7 @@ impl Limits {
         let per_client = tokio_ratelimit::redis::RedisFunnel::builder(url)
             .quota(config.free)
             .prefix("axum_service:")
+            .name("per_client")
             .build()
             .await?;
         Ok(Limits::with(Arc::new(per_client), config)?)
@@ -138,13 +153,21 @@ pub(crate) fn app(limits: Limits, config: &Config, clients: impl KeyExtractor) -
             .layer(HandleErrorLayer::new(limiter_failed))
             .layer(RateLimitLayer::new(limits.expensive)),
     );
-    Router::new()
+    let router = Router::new()
         .route("/", get(|| async { "hello\n" }))
         .route("/expensive", expensive)
         // `Router::layer` wraps each route: its routes are always ready, so
         // the client's limit is checked on arrival, before `/expensive`
         // waits for the global one.
-        .layer(per_client)
+        .layer(per_client);
+    // Added after the layer, so a scraper is not rate limited.
+    match limits.metrics {
+        Some(metrics) => router.route(
+            "/metrics",
+            get(move || std::future::ready(metrics.render())),
+        ),
+        None => router,
+    }
 }
 
 /// Serves [`app`] on `listener` until the task is dropped.
@@ -181,7 +204,9 @@ async fn main() -> Result<(), Box<dyn Error>> {
         None => 3000,
     };
     let config = Config::default();
-    let (limits, place) = match std::env::var("REDIS_URL") {
+    // Before the limiters: they register their series when built.
+    let metrics = PrometheusBuilder::new().install_recorder()?;
+    let (mut limits, place) = match std::env::var("REDIS_URL") {
         #[cfg(feature = "redis")]
         Ok(url) => (
             Limits::shared(&config, &url).await?,
@@ -193,6 +218,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
         }
         Err(_) => (Limits::local(&config)?, "in this process".to_owned()),
     };
+    limits.metrics = Some(metrics);
     let trusted: Vec<String> = std::env::var("TRUSTED_PROXIES")
         .map(|v| v.split(',').map(str::to_owned).collect())
         .unwrap_or_default();

@@ -46,6 +46,7 @@ pub struct FunnelBuilder {
     rate: Option<Rate>,
     capacity: Option<u32>,
     quota: Option<Quota>,
+    name: crate::meter::Name,
 }
 
 impl FunnelBuilder {
@@ -72,6 +73,16 @@ impl FunnelBuilder {
         self
     }
 
+    /// Names the limiter for its metrics: the `limiter` label of every
+    /// series it records (see [`crate::metrics`]). Unnamed, it records
+    /// none.
+    #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    pub fn name(&mut self, name: impl Into<String>) -> &mut Self {
+        self.name.set(name.into());
+        self
+    }
+
     /// Builds the (empty) funnel. Needs no runtime.
     ///
     /// # Errors
@@ -80,7 +91,14 @@ impl FunnelBuilder {
     /// [`ConfigError::ZeroCapacity`].
     pub fn build(&self) -> Result<Funnel, ConfigError> {
         let quota = Quota::configured(self.rate, self.capacity, self.quota)?;
-        let engine = BucketEngine::start(Kind::Funnel, quota, 0, Release::Tokens, false)?;
+        let engine = BucketEngine::start(
+            Kind::Funnel,
+            quota,
+            0,
+            Release::Tokens,
+            false,
+            self.name.slot(false),
+        )?;
         Ok(Funnel { engine })
     }
 }

@@ -70,6 +70,7 @@ pub struct LeakyBucketBuilder {
     rate: Option<Rate>,
     capacity: Option<u32>,
     quota: Option<Quota>,
+    name: crate::meter::Name,
 }
 
 impl LeakyBucketBuilder {
@@ -96,6 +97,16 @@ impl LeakyBucketBuilder {
         self
     }
 
+    /// Names the limiter for its metrics: the `limiter` label of every
+    /// series it records (see [`crate::metrics`]). Unnamed, it records
+    /// none.
+    #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    pub fn name(&mut self, name: impl Into<String>) -> &mut Self {
+        self.name.set(name.into());
+        self
+    }
+
     /// Builds the (empty) bucket. It must be built inside a tokio runtime
     /// (its actor is started by its first waiter, on that waiter's
     /// runtime); nothing is spawned now.
@@ -107,7 +118,14 @@ impl LeakyBucketBuilder {
     /// outside a tokio runtime.
     pub fn build(&self) -> Result<LeakyBucket, ConfigError> {
         let quota = Quota::configured(self.rate, self.capacity, self.quota)?;
-        let engine = BucketEngine::start(Kind::LeakyBucket, quota, 0, Release::Water, true)?;
+        let engine = BucketEngine::start(
+            Kind::LeakyBucket,
+            quota,
+            0,
+            Release::Water,
+            true,
+            self.name.slot(false),
+        )?;
         Ok(LeakyBucket { engine })
     }
 }

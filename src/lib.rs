@@ -232,6 +232,10 @@ pub mod io;
 pub mod keyed;
 mod leaky;
 mod limiter;
+mod meter;
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub mod metrics;
 mod quota;
 mod rate;
 #[cfg(feature = "redis")]

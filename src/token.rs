@@ -60,6 +60,7 @@ pub struct TokenBucketBuilder {
     capacity: Option<u32>,
     quota: Option<Quota>,
     initial: Option<u32>,
+    name: crate::meter::Name,
 }
 
 impl TokenBucketBuilder {
@@ -95,6 +96,16 @@ impl TokenBucketBuilder {
         self
     }
 
+    /// Names the limiter for its metrics: the `limiter` label of every
+    /// series it records (see [`crate::metrics`]). Unnamed, it records
+    /// none.
+    #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    pub fn name(&mut self, name: impl Into<String>) -> &mut Self {
+        self.name.set(name.into());
+        self
+    }
+
     /// Builds the bucket. It must be built inside a tokio runtime (its
     /// actor will be started by its first waiter, on that waiter's
     /// runtime); nothing is spawned now.
@@ -118,6 +129,7 @@ impl TokenBucketBuilder {
             capacity - initial,
             Release::Tokens,
             true,
+            self.name.slot(false),
         )?;
         Ok(TokenBucket { engine })
     }

@@ -117,6 +117,13 @@ impl Server {
                 .start_paused(paused)
                 .build()
                 .unwrap();
+            // This server's own metrics recorder: the limiters register
+            // their series in it when built on this thread (every task of
+            // the current-thread runtime runs here too), and `/metrics`
+            // renders it, apart from the other tests' servers.
+            let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+            let rendered = recorder.handle();
+            let _recorder = metrics::set_default_local_recorder(&recorder);
             runtime.block_on(async move {
                 let (per_client, local): (PerClient, _) = match backend {
                     Backend::Local { max_keys } => {
@@ -126,6 +133,7 @@ impl Server {
                             .tier(config.paid)
                             .max_keys(max_keys)
                             .background_sweep(false)
+                            .name("per_client")
                             .build()
                             .unwrap();
                         (Arc::new(map.clone()), Some(map))
@@ -157,7 +165,8 @@ impl Server {
                         (Arc::new(shared), None)
                     }
                 };
-                let limits = Limits::with(per_client, &config).unwrap();
+                let mut limits = Limits::with(per_client, &config).unwrap();
+                limits.metrics = Some(rendered);
                 let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
                 let start = Instant::now();
                 ready_tx
@@ -404,6 +413,37 @@ fn config() -> Config {
         expensive_rate: Rate::per_second(2),
         expensive_burst: 1,
     }
+}
+
+/// `/metrics` as a map from each series (its labels sorted) to its value.
+async fn scrape(http: &HttpClient) -> BTreeMap<String, f64> {
+    let response = http
+        .client
+        .request(
+            hyper::Request::get(format!("{}/metrics", http.base))
+                .body(Empty::new())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    let text = String::from_utf8(body.to_vec()).unwrap();
+    text.lines()
+        .filter(|line| !line.is_empty() && !line.starts_with('#'))
+        .map(|line| {
+            let (series, value) = line.rsplit_once(' ').unwrap();
+            let series = match series.split_once('{') {
+                Some((name, labels)) => {
+                    let mut labels: Vec<&str> = labels.trim_end_matches('}').split(',').collect();
+                    labels.sort_unstable();
+                    format!("{name}{{{}}}", labels.join(","))
+                }
+                None => series.to_owned(),
+            };
+            (series, value.parse().unwrap())
+        })
+        .collect()
 }
 
 fn count(answers: &[Answer], status: u16) -> usize {
@@ -817,4 +857,73 @@ async fn a_shared_limit_that_cannot_decide_answers_by_its_policy() {
     let refused = closed_http.get("/", Some("ann")).await;
     assert_eq!((refused.status, refused.header("retry-after")), (503, "1"));
     assert_eq!(open_http.get("/", Some("ann")).await.status, 200);
+}
+
+/// `/metrics`, scraped over HTTP after traffic, counts what the clients
+/// saw: the per-client map's grants, refusals for the rate, the client the
+/// full map turned away, its keys; the global bucket's grants and the one
+/// request that waited half a second for it.
+#[tokio::test]
+async fn the_metrics_scraped_over_http_match_the_traffic() {
+    #![expect(
+        clippy::float_cmp,
+        reason = "counts, and a sum of 500 ms, rendered exactly"
+    )]
+    let server = Server::start_on(config(), &Backend::Local { max_keys: 2 }, &[]);
+    let http = HttpClient::new(&server);
+    let mut all = Vec::new();
+    for _ in 0..5 {
+        all.push(http.get("/", Some("ann")).await);
+    }
+    for _ in 0..4 {
+        all.push(http.get("/", Some("bob")).await);
+    }
+    // A third client: the map (`max_keys` 2) is full of active keys.
+    all.push(http.get("/", Some("carl")).await);
+    // 1.5 s on, ann and bob have a permit each; `/expensive` lets one go
+    // at once (a burst of 1) and the next after 0.5 s (2 per second).
+    server.advance(ms(1500)).await;
+    all.push(http.get("/expensive", Some("ann")).await);
+    all.push(http.get("/expensive", Some("bob")).await);
+    let seen = (count(&all, 200), count(&all, 429), count(&all, 503));
+    assert_eq!(seen, (8, 3, 1));
+
+    let m = scrape(&http).await;
+    let get = |series: &str| {
+        m.get(series)
+            .copied()
+            .unwrap_or_else(|| panic!("no {series} in {m:#?}"))
+    };
+    let requests = |limiter: &str, outcome: &str| {
+        get(&format!(
+            "tokio_ratelimit_requests_total{{limiter=\"{limiter}\",outcome=\"{outcome}\"}}"
+        ))
+    };
+    assert_eq!(requests("per_client", "granted"), 8.0);
+    assert_eq!(requests("per_client", "limited"), 3.0);
+    assert_eq!(requests("per_client", "unavailable"), 1.0);
+    assert_eq!(requests("per_client", "too_large"), 0.0);
+    assert_eq!(
+        get("tokio_ratelimit_permits_granted_total{limiter=\"per_client\"}"),
+        8.0
+    );
+    assert_eq!(get("tokio_ratelimit_keys{limiter=\"per_client\"}"), 2.0);
+    assert_eq!(requests("expensive", "granted"), 2.0);
+    assert_eq!(requests("expensive", "limited"), 0.0);
+    assert_eq!(
+        get("tokio_ratelimit_permits_granted_total{limiter=\"expensive\"}"),
+        2.0
+    );
+    assert_eq!(get("tokio_ratelimit_waiting{limiter=\"expensive\"}"), 0.0);
+    assert_eq!(
+        get("tokio_ratelimit_wait_seconds_count{limiter=\"expensive\"}"),
+        1.0
+    );
+    assert_eq!(
+        get("tokio_ratelimit_wait_seconds_sum{limiter=\"expensive\"}"),
+        0.5
+    );
+    // The map's own account agrees.
+    let stats = server.local_stats();
+    assert_eq!((stats.granted, stats.limited, stats.keys), (8, 3, 2));
 }

@@ -2369,3 +2369,86 @@ async fn an_endless_deadline_keeps_ids_a_day() {
     let at: i64 = cmd(&mut con, &["PEXPIRETIME", "endless:k"]).await;
     assert_eq!(at, expiry_ms(&state));
 }
+
+/// A named limiter mirrors its `RedisStats` into the `metrics` facade, one
+/// series per counter, and records each round trip's latency: after two
+/// grants, a refusal, a batch of two keys, and a decision the killed
+/// server cannot make (granted by the open failure policy), the series
+/// read what `stats()` reads.
+#[tokio::test]
+async fn a_named_limiter_records_its_counters_and_latency() {
+    #![expect(
+        clippy::float_cmp,
+        reason = "counts, and a sum of 500 ms, rendered exactly"
+    )]
+    let Some(mut server) = RedisServer::start("a_named_limiter_records_its_counters") else {
+        return;
+    };
+    let recorder: &'static metrics_exporter_prometheus::PrometheusRecorder = Box::leak(Box::new(
+        metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder(),
+    ));
+    let _recorder = metrics::set_default_local_recorder(recorder);
+    let limiter = RedisFunnel::builder(server.url())
+        .rate(Rate::per_second(1))
+        .capacity(2)
+        .prefix("metrics:")
+        .failure_policy(FailurePolicy::Open)
+        .timeout(ms(200))
+        .refusal_cache(0)
+        .name("shared")
+        .build()
+        .await
+        .unwrap();
+    limiter.try_acquire("k").await.unwrap();
+    limiter.try_acquire("k").await.unwrap();
+    limiter.try_acquire("k").await.unwrap_err();
+    limiter
+        .try_acquire_many_keys(&[("a", 1), ("b", 1)])
+        .await
+        .into_iter()
+        .for_each(|answer| answer.unwrap());
+    server.kill();
+    limiter.try_acquire("k").await.unwrap();
+    let stats = limiter.stats();
+    assert_eq!(
+        (
+            stats.decisions,
+            stats.granted,
+            stats.limited,
+            stats.fail_open_grants
+        ),
+        (6, 4, 1, 1)
+    );
+    let text = recorder.handle().render();
+    let value = |series: &str| -> f64 {
+        text.lines()
+            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no {series} in\n{text}"))
+    };
+    let counter = |name: &str| {
+        value(&format!(
+            "tokio_ratelimit_redis_total{{limiter=\"shared\",counter=\"{name}\"}}"
+        ))
+    };
+    let expected = [
+        ("decisions", stats.decisions),
+        ("granted", stats.granted),
+        ("limited", stats.limited),
+        ("backend_errors", stats.backend_errors),
+        ("timeouts", stats.timeouts),
+        ("fail_open_grants", stats.fail_open_grants),
+        ("retries", stats.retries),
+        ("resends_granted_before", stats.resends_granted_before),
+        ("cached_refusals", stats.cached_refusals),
+    ];
+    for (name, count) in expected {
+        #[expect(clippy::cast_precision_loss, reason = "small counts")]
+        let count = count as f64;
+        assert_eq!(counter(name), count, "{name}");
+    }
+    // One round trip per call, the batch's included; the last one failed.
+    assert_eq!(
+        value("tokio_ratelimit_redis_decision_seconds_count{limiter=\"shared\"}"),
+        5.0
+    );
+}

@@ -186,6 +186,7 @@ impl Engine<Banded> {
         deficit: u32,
         release: Release,
         spawn_actor: bool,
+        meter: crate::meter::Slot,
     ) -> Result<Arc<Engine<Banded>>, ConfigError> {
         let bands = Bands::new(&quota.params()?);
         let waking = Engine::<Banded>::waking(spawn_actor)?;
@@ -200,7 +201,7 @@ impl Engine<Banded> {
             published: Published::new(&bands.start(0, deficit)),
         };
         let tats = bands.start(0, deficit);
-        Ok(Engine::new(kind, banded, tats, waking))
+        Ok(Engine::new(kind, banded, tats, waking, meter))
     }
 
     pub(crate) fn quota(&self) -> Quota {

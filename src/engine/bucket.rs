@@ -251,7 +251,10 @@ impl Schedule for Bucket {
 impl Engine<Bucket> {
     /// Builds a bucket; with `spawn_actor`, one whose waiters an actor
     /// wakes (built inside a runtime).
-    pub(crate) fn start(setup: &Setup) -> Result<Arc<Engine<Bucket>>, ConfigError> {
+    pub(crate) fn start(
+        setup: &Setup,
+        meter: crate::meter::Slot,
+    ) -> Result<Arc<Engine<Bucket>>, ConfigError> {
         let waking = Engine::<Bucket>::waking(setup.spawn_actor)?;
         let bucket = Bucket::new(setup.params, setup.deficit, setup.release);
         Ok(Engine::new(
@@ -259,6 +262,7 @@ impl Engine<Bucket> {
             bucket,
             Configured::new(setup.rate),
             waking,
+            meter,
         ))
     }
 

@@ -37,20 +37,25 @@ impl BucketEngine {
         deficit: u32,
         release: Release,
         spawn_actor: bool,
+        meter: crate::meter::Slot,
     ) -> Result<BucketEngine, ConfigError> {
         if let [band] = quota.bands() {
             let params = Params::new(band.rate(), band.capacity())?;
-            return Engine::start(&Setup {
-                kind,
-                rate: band.rate(),
-                params,
-                deficit,
-                release,
-                spawn_actor,
-            })
+            return Engine::start(
+                &Setup {
+                    kind,
+                    rate: band.rate(),
+                    params,
+                    deficit,
+                    release,
+                    spawn_actor,
+                },
+                meter,
+            )
             .map(BucketEngine::One);
         }
-        Engine::start_bands(kind, quota, deficit, release, spawn_actor).map(BucketEngine::Bands)
+        Engine::start_bands(kind, quota, deficit, release, spawn_actor, meter)
+            .map(BucketEngine::Bands)
     }
 
     pub(crate) async fn acquire(

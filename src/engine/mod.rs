@@ -56,6 +56,7 @@ use tokio::time::Instant;
 
 use crate::algorithm::Release;
 pub(crate) use crate::algorithm::Reserve;
+use crate::meter::Refusal;
 use crate::reservation::{Hold, Reservation};
 use crate::stats::{self, Stats, Stripe};
 use crate::{AcquireError, TryAcquireError, clock};
@@ -220,6 +221,9 @@ pub(crate) struct Engine<S: Schedule> {
     queue: Mutex<Queue<S>>,
     kind: Kind,
     waking: Waking,
+    /// What a named limiter records through the `metrics` facade (nothing
+    /// and no bytes without the feature).
+    meter: crate::meter::Slot,
     /// The counters of the threads on the second stripe.
     stripe_b: Stripe,
 }
@@ -227,12 +231,19 @@ pub(crate) struct Engine<S: Schedule> {
 impl<S: Schedule> Engine<S> {
     /// Builds the engine. Nothing is spawned: an actor, if `waking` says
     /// so, is started by the first waiter (see `actor.rs`).
-    pub(crate) fn new(kind: Kind, schedule: S, books: S::Books, waking: Waking) -> Arc<Engine<S>> {
+    pub(crate) fn new(
+        kind: Kind,
+        schedule: S,
+        books: S::Books,
+        waking: Waking,
+        meter: crate::meter::Slot,
+    ) -> Arc<Engine<S>> {
         Arc::new(Engine {
             schedule,
             queue: Mutex::new(Queue::new(books)),
             kind,
             waking,
+            meter,
             stripe_a: Stripe::default(),
             stripe_b: Stripe::default(),
         })
@@ -309,6 +320,7 @@ impl<S: Schedule> Engine<S> {
                 return Err(TryAcquireError::Closed);
             }
             self.counts().refused();
+            self.meter.refused(Refusal::TooLarge);
             return Err(TryAcquireError::InsufficientCapacity);
         }
         if n == 0 {
@@ -321,11 +333,13 @@ impl<S: Schedule> Engine<S> {
         match S::try_take(self, n) {
             Ok(()) => {
                 self.counts().granted(n);
+                self.meter.granted(n);
                 tracing::trace!(limiter = self.kind.name(), n, "granted");
                 Ok(())
             }
             Err(Some(retry_after)) => {
                 self.counts().refused();
+                self.meter.refused(Refusal::Limited);
                 tracing::trace!(limiter = self.kind.name(), n, ?retry_after, "limited");
                 Err(TryAcquireError::Limited { retry_after })
             }
@@ -371,17 +385,22 @@ impl<S: Schedule> Engine<S> {
     ) -> Result<(), AcquireError> {
         match self.enqueue(n, max_wait, Grant::Spend, waits)? {
             Queued::Ready(_) => Ok(()),
-            Queued::Waiting(id) => self.wait(id, max_wait, Grant::Spend).await,
+            Queued::Waiting(id) => {
+                let _metered = crate::meter::Waiter::start(&self.meter);
+                self.wait(id, max_wait, Grant::Spend).await
+            }
         }
     }
 
     /// Waits for `n` permits like [`acquire`](Self::acquire), but holds them
     /// in the queue until the reservation is committed or dropped.
     pub(crate) async fn reserve(self: &Arc<Self>, n: u32) -> Result<Reservation, AcquireError> {
-        let id = match self.enqueue(n, None, Grant::Hold, Waits::AsBuilt)? {
+        let (id, queued) = match self.enqueue(n, None, Grant::Hold, Waits::AsBuilt)? {
             Queued::Ready(None) => return Ok(Reservation::spent()), // n = 0
-            Queued::Ready(Some(id)) | Queued::Waiting(id) => id,
+            Queued::Ready(Some(id)) => (id, false),
+            Queued::Waiting(id) => (id, true),
         };
+        let _metered = queued.then(|| crate::meter::Waiter::start(&self.meter));
         // Until the waiter hands it over, a drop withdraws through it.
         self.wait(id, None, Grant::Hold).await?;
         Ok(Reservation::held(Arc::clone(self) as Arc<dyn Hold>, id))
@@ -401,6 +420,7 @@ impl<S: Schedule> Engine<S> {
                 .await
                 .unwrap_or_else(|_| {
                     self.counts().refused();
+                    self.meter.refused(Refusal::Timeout);
                     Err(AcquireError::Timeout)
                 }),
             None => waiter.await,
@@ -422,6 +442,7 @@ impl<S: Schedule> Engine<S> {
         }
         if n > self.capacity() {
             self.counts().refused();
+            self.meter.refused(Refusal::TooLarge);
             return Err(AcquireError::InsufficientCapacity);
         }
         if n == 0 {
@@ -480,6 +501,7 @@ impl<S: Schedule> Engine<S> {
     pub(crate) fn commit(&self, id: u64) {
         let n = self.lock().commit(id);
         self.counts().granted(n);
+        self.meter.granted(n);
         tracing::trace!(limiter = self.kind.name(), id, n, "reservation committed");
     }
 
@@ -488,16 +510,19 @@ impl<S: Schedule> Engine<S> {
         match outcome {
             Reserve::Ready(_) => {
                 self.counts().granted(n);
+                self.meter.granted(n);
                 tracing::trace!(limiter = self.kind.name(), n, "granted");
                 Ok(())
             }
             Reserve::Overflow => {
                 self.counts().refused();
+                self.meter.refused(Refusal::Overflow);
                 tracing::debug!(limiter = self.kind.name(), n, "overflow: request discarded");
                 Err(AcquireError::Overflow)
             }
             Reserve::TooLong => {
                 self.counts().refused();
+                self.meter.refused(Refusal::Timeout);
                 Err(AcquireError::Timeout)
             }
             Reserve::Closed => Err(AcquireError::Closed),
@@ -640,7 +665,10 @@ mod layout_tests {
     fn a_bucket_engine_is_small_and_its_hot_fields_are_on_three_lines() {
         // `ArcInner`: two counts, then the engine.
         const COUNTS: usize = 16;
-        assert_eq!(size_of::<Engine<Bucket>>(), 176);
+        // With the `metrics` feature, 8 bytes more for the meter's pointer
+        // (a 224-byte chunk).
+        let size = if cfg!(feature = "metrics") { 192 } else { 176 };
+        assert_eq!(size_of::<Engine<Bucket>>(), size);
         assert_eq!(std::mem::align_of::<Engine<Bucket>>(), 16);
         // The cell's narrow word, interval, capacity and decoded origin.
         let hot = COUNTS + offset_of!(Engine<Bucket>, schedule);

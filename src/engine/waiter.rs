@@ -122,6 +122,7 @@ impl<S: Schedule> Engine<S> {
             Ok((State::Granted, n)) => {
                 if grant == Grant::Spend {
                     self.counts().granted(n);
+                    self.meter.granted(n);
                 }
                 tracing::trace!(limiter = self.kind.name(), id, "granted after waiting");
                 Ok(Ok(()))

@@ -11,6 +11,7 @@ use tokio::sync::Notify;
 
 use super::map::{ShardMap, Unavailable};
 use super::{KeyedStats, Sweep, spawn_sweeper};
+use crate::meter::Refusal;
 use crate::stats::Counters;
 use crate::{AcquireError, ConfigError, Limiter, Peek, TryAcquireError, clock};
 
@@ -91,6 +92,7 @@ struct Inner<K, L, S> {
     runtime: Option<tokio::runtime::Handle>,
     sweeper: Option<Arc<Notify>>,
     counters: Counters,
+    meter: crate::meter::Slot,
 }
 
 /// Configures a [`Keyed`]; made by [`Keyed::builder`].
@@ -100,6 +102,7 @@ pub struct KeyedBuilder<K, L, S = RandomState> {
     sweep_interval: Duration,
     background_sweep: bool,
     hasher: S,
+    name: crate::meter::Name,
     keys: std::marker::PhantomData<fn() -> K>,
 }
 
@@ -111,6 +114,7 @@ impl<K, L, S: fmt::Debug> fmt::Debug for KeyedBuilder<K, L, S> {
             .field("sweep_interval", &self.sweep_interval)
             .field("background_sweep", &self.background_sweep)
             .field("hasher", &self.hasher)
+            .field("name", &self.name)
             .finish()
     }
 }
@@ -123,6 +127,7 @@ impl<K, L> Default for KeyedBuilder<K, L> {
             sweep_interval: Duration::from_secs(1),
             background_sweep: true,
             hasher: RandomState::new(),
+            name: crate::meter::Name::default(),
             keys: std::marker::PhantomData,
         }
     }
@@ -194,8 +199,19 @@ where
             sweep_interval: self.sweep_interval,
             background_sweep: self.background_sweep,
             hasher,
+            name: self.name.clone(),
             keys: std::marker::PhantomData,
         }
+    }
+
+    /// Names the map for its metrics: the `limiter` label of every series
+    /// it records, its key count included (see [`crate::metrics`]).
+    /// Unnamed, it records none.
+    #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    pub fn name(&mut self, name: impl Into<String>) -> &mut Self {
+        self.name.set(name.into());
+        self
     }
 
     /// Builds the map. A [`limiter`](Self::limiter) factory is called once
@@ -250,6 +266,7 @@ where
             runtime: runtime.clone(),
             sweeper: notify.clone(),
             counters: Counters::default(),
+            meter: self.name.slot(true),
         });
         if let (Some(runtime), Some(notify)) = (runtime, notify) {
             let weak: Weak<dyn Sweep> = Arc::downgrade(&inner) as Weak<dyn Sweep>;
@@ -265,12 +282,13 @@ where
     L: Limiter + Clone,
     S: BuildHasher,
 {
-    fn count(&self, n: u32, granted: bool) {
+    fn count(&self, n: u32, granted: bool, why: Option<Refusal>) {
         if granted {
             self.counters.granted(n);
         } else {
             self.counters.refused();
         }
+        self.meter.answered(n, granted, why);
     }
 
     fn make(&self, key: &K) -> Option<L> {
@@ -305,6 +323,9 @@ where
                 notify.notify_one();
             }
         }
+        if self.meter.is_on() {
+            self.meter.keys(self.map.len());
+        }
         Ok(out)
     }
 }
@@ -316,8 +337,11 @@ where
     S: BuildHasher + Send + Sync + 'static,
 {
     fn sweep(&self) -> usize {
-        self.map
-            .sweep_all(self.map.now_nanos(), |limiter, _| limiter.is_fresh())
+        let left = self
+            .map
+            .sweep_all(self.map.now_nanos(), |limiter, _| limiter.is_fresh());
+        self.meter.keys(left);
+        left
     }
 }
 
@@ -375,11 +399,15 @@ where
     {
         match self.inner.with(key, false, |l| l.try_acquire_many(n)) {
             Ok(result) => {
-                self.inner.count(n, result.is_ok());
+                self.inner
+                    .count(n, result.is_ok(), Refusal::of_try(&result));
                 result
             }
             // Not the key's doing: the map is full (a 503, not a 429).
-            Err(Unavailable::Refused { .. }) => Err(TryAcquireError::Unavailable),
+            Err(Unavailable::Refused { .. }) => {
+                self.inner.meter.refused(Refusal::Unavailable);
+                Err(TryAcquireError::Unavailable)
+            }
             Err(Unavailable::Failed) => Err(TryAcquireError::Closed),
         }
     }
@@ -425,7 +453,8 @@ where
                 // The clone keeps the key from being evicted while we wait.
                 Ok(limiter) => {
                     let result = limiter.acquire_many(n).await;
-                    self.inner.count(n, result.is_ok());
+                    self.inner
+                        .count(n, result.is_ok(), Refusal::of_wait(&result));
                     return result;
                 }
                 Err(Unavailable::Refused { retry_after }) => {

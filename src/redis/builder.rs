@@ -74,6 +74,7 @@ pub struct RedisFunnelBuilder {
     timeout: Duration,
     connect_timeout: Duration,
     refusal_cache: usize,
+    name: crate::meter::Name,
 }
 
 /// What a builder connects to.
@@ -113,6 +114,7 @@ impl RedisFunnelBuilder {
             timeout: Duration::from_millis(200),
             connect_timeout: Duration::from_secs(1),
             refusal_cache: REFUSAL_CACHE,
+            name: crate::meter::Name::default(),
         }
     }
 
@@ -209,6 +211,17 @@ impl RedisFunnelBuilder {
     /// More than 2²⁴ slots is refused at build (they are allocated then).
     pub fn refusal_cache(&mut self, slots: usize) -> &mut Self {
         self.refusal_cache = slots;
+        self
+    }
+
+    /// Names the limiter for its metrics: the `limiter` label of its
+    /// series, its [`RedisStats`](super::RedisStats) counters and its
+    /// decisions' latency (see [`crate::metrics`]). Unnamed, it records
+    /// none.
+    #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    pub fn name(&mut self, name: impl Into<String>) -> &mut Self {
+        self.name.set(name.into());
         self
     }
 
@@ -316,7 +329,7 @@ impl RedisFunnelBuilder {
                 prefix: self.prefix.clone(),
                 policy: self.policy,
                 timeout: self.timeout,
-                counters: Counters::default(),
+                counters: Counters::named(&self.name),
                 healthy: AtomicBool::new(true),
                 ids: Ids::new(),
                 server_clock: ServerClock::new(matches!(self.target, Target::Cluster(_))),

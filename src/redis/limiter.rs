@@ -289,10 +289,7 @@ impl RedisFunnel {
         {
             return None;
         }
-        self.inner
-            .counters
-            .cached_refusals
-            .fetch_add(1, Ordering::Relaxed);
+        self.inner.counters.cached_refusals.add(1);
         Some(Err(RedisLimitError::Limited { retry_after }))
     }
 
@@ -789,20 +786,20 @@ impl RedisFunnel {
     /// the caller's.
     fn answered(&self, answer: Answer, quota: &Encoded) -> Result<(), RedisLimitError> {
         let c = &self.inner.counters;
-        c.decisions.fetch_add(1, Ordering::Relaxed);
+        c.decisions.add(1);
         if !self.inner.healthy.load(Ordering::Relaxed)
             && !self.inner.healthy.swap(true, Ordering::Relaxed)
         {
             tracing::info!(prefix = %self.inner.prefix, "redis rate limiter: backend recovered");
         }
         if answer.again {
-            c.resends_granted_before.fetch_add(1, Ordering::Relaxed);
+            c.resends_granted_before.add(1);
         }
         if answer.granted {
-            c.granted.fetch_add(1, Ordering::Relaxed);
+            c.granted.add(1);
             Ok(())
         } else {
-            c.limited.fetch_add(1, Ordering::Relaxed);
+            c.limited.add(1);
             Err(RedisLimitError::Limited {
                 retry_after: quota.retry_after(&answer.waits),
             })
@@ -811,10 +808,10 @@ impl RedisFunnel {
 
     fn count_failure(&self, e: &RedisLimitError, decisions: u64) {
         let c = &self.inner.counters;
-        c.decisions.fetch_add(decisions, Ordering::Relaxed);
-        c.backend_errors.fetch_add(decisions, Ordering::Relaxed);
+        c.decisions.add(decisions);
+        c.backend_errors.add(decisions);
         if matches!(e, RedisLimitError::Timeout { .. }) {
-            c.timeouts.fetch_add(decisions, Ordering::Relaxed);
+            c.timeouts.add(decisions);
         }
         if self.inner.healthy.swap(false, Ordering::Relaxed) {
             tracing::warn!(
@@ -834,10 +831,7 @@ impl RedisFunnel {
         self.count_failure(&e, decisions);
         match self.inner.policy {
             FailurePolicy::Open => {
-                self.inner
-                    .counters
-                    .fail_open_grants
-                    .fetch_add(decisions, Ordering::Relaxed);
+                self.inner.counters.fail_open_grants.add(decisions);
                 Ok(())
             }
             FailurePolicy::Closed => Err(e),

@@ -367,6 +367,18 @@ impl RedisFunnel {
         quota: &Encoded,
         n: u32,
     ) -> Result<Answer, RedisLimitError> {
+        let started = self.inner.counters.started();
+        let answer = self.eval_untimed(key, quota, n).await;
+        self.inner.counters.round_trip(started);
+        answer
+    }
+
+    async fn eval_untimed(
+        &self,
+        key: &str,
+        quota: &Encoded,
+        n: u32,
+    ) -> Result<Answer, RedisLimitError> {
         let id = self.inner.ids.next();
         let redis_key = self.redis_key(key);
         let attempt = |since| {
@@ -471,7 +483,7 @@ impl RedisFunnel {
         for _ in 0..RESENDS {
             match &result {
                 Err(e) if connection_failed(e) && !e.is_connection_refusal() => {
-                    self.inner.counters.retries.fetch_add(1, Ordering::Relaxed);
+                    self.inner.counters.retries.add(1);
                     tracing::debug!(
                         prefix = %self.inner.prefix,
                         error = %e,
@@ -535,6 +547,16 @@ impl RedisFunnel {
     /// outcome (a node that fails or is too slow fails its requests only).
     /// `replies[i]` answers `asked[i]`.
     pub(super) async fn eval_many(
+        &self,
+        asked: &[(&str, u32)],
+    ) -> Vec<Result<Reply, RedisLimitError>> {
+        let started = self.inner.counters.started();
+        let replies = self.eval_many_untimed(asked).await;
+        self.inner.counters.round_trip(started);
+        replies
+    }
+
+    async fn eval_many_untimed(
         &self,
         asked: &[(&str, u32)],
     ) -> Vec<Result<Reply, RedisLimitError>> {
@@ -604,7 +626,7 @@ impl RedisFunnel {
         since: u64,
         deadline: tokio::time::Instant,
     ) -> Result<Reply, RedisLimitError> {
-        self.inner.counters.retries.fetch_add(1, Ordering::Relaxed);
+        self.inner.counters.retries.add(1);
         let mut conn = self.inner.conn.clone();
         let call = self.invocation(key, &self.inner.encoded, n, id, Some(since));
         let text = texts(&conn).0;

@@ -47,33 +47,120 @@ pub struct RedisStats {
 
 /// The live counters behind [`RedisStats`], one per field; relaxed
 /// atomics, since each counts on its own and none orders anything else.
+/// A named limiter mirrors each into the `metrics` facade too (see
+/// [`crate::metrics`]), with its decisions' latency.
 #[derive(Default)]
 pub(super) struct Counters {
-    pub(super) decisions: AtomicU64,
-    pub(super) granted: AtomicU64,
-    pub(super) limited: AtomicU64,
-    pub(super) backend_errors: AtomicU64,
-    pub(super) timeouts: AtomicU64,
-    pub(super) fail_open_grants: AtomicU64,
-    pub(super) retries: AtomicU64,
-    pub(super) resends_granted_before: AtomicU64,
-    pub(super) cached_refusals: AtomicU64,
+    pub(super) decisions: Count,
+    pub(super) granted: Count,
+    pub(super) limited: Count,
+    pub(super) backend_errors: Count,
+    pub(super) timeouts: Count,
+    pub(super) fail_open_grants: Count,
+    pub(super) retries: Count,
+    pub(super) resends_granted_before: Count,
+    pub(super) cached_refusals: Count,
+    /// Seconds per round trip to Redis (one call, or one batch).
+    #[cfg(feature = "metrics")]
+    latency: Option<metrics::Histogram>,
+}
+
+/// One counter, and its series for a named limiter.
+#[derive(Default)]
+pub(super) struct Count {
+    n: AtomicU64,
+    #[cfg(feature = "metrics")]
+    series: Option<metrics::Counter>,
+}
+
+impl Count {
+    /// Adds `n`.
+    pub(super) fn add(&self, n: u64) {
+        self.n.fetch_add(n, Ordering::Relaxed);
+        #[cfg(feature = "metrics")]
+        if let Some(series) = &self.series {
+            series.increment(n);
+        }
+    }
+
+    fn get(&self) -> u64 {
+        self.n.load(Ordering::Relaxed)
+    }
 }
 
 impl Counters {
+    /// The counters of a limiter named `name` (recorded in the `metrics`
+    /// facade too) or unnamed.
+    pub(super) fn named(name: &crate::meter::Name) -> Counters {
+        #[cfg(feature = "metrics")]
+        if let Some(name) = name.get() {
+            use crate::metrics::{REDIS, REDIS_SECONDS};
+            let count = |what: &'static str| Count {
+                n: AtomicU64::new(0),
+                series: Some(
+                    metrics::counter!(REDIS, "limiter" => name.to_owned(), "counter" => what),
+                ),
+            };
+            metrics::describe_counter!(
+                REDIS,
+                "A Redis rate limiter's counters (RedisStats), by counter"
+            );
+            metrics::describe_histogram!(
+                REDIS_SECONDS,
+                metrics::Unit::Seconds,
+                "Seconds per round trip of a Redis rate limiter's decision (one call or one batch)"
+            );
+            return Counters {
+                decisions: count("decisions"),
+                granted: count("granted"),
+                limited: count("limited"),
+                backend_errors: count("backend_errors"),
+                timeouts: count("timeouts"),
+                fail_open_grants: count("fail_open_grants"),
+                retries: count("retries"),
+                resends_granted_before: count("resends_granted_before"),
+                cached_refusals: count("cached_refusals"),
+                latency: Some(metrics::histogram!(REDIS_SECONDS, "limiter" => name.to_owned())),
+            };
+        }
+        let _ = name;
+        Counters::default()
+    }
+
+    /// When a round trip started, for a named limiter.
+    pub(super) fn started(&self) -> Option<tokio::time::Instant> {
+        #[cfg(feature = "metrics")]
+        if self.latency.is_some() {
+            return Some(crate::clock::now());
+        }
+        None
+    }
+
+    /// A round trip that began at `started` ended.
+    pub(super) fn round_trip(&self, started: Option<tokio::time::Instant>) {
+        #[cfg(feature = "metrics")]
+        if let (Some(latency), Some(started)) = (&self.latency, started) {
+            latency.record(
+                crate::clock::now()
+                    .saturating_duration_since(started)
+                    .as_secs_f64(),
+            );
+        }
+        let _ = started;
+    }
+
     /// What the counters read now.
     pub(super) fn snapshot(&self) -> RedisStats {
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         RedisStats {
-            decisions: get(&self.decisions),
-            granted: get(&self.granted),
-            limited: get(&self.limited),
-            backend_errors: get(&self.backend_errors),
-            timeouts: get(&self.timeouts),
-            fail_open_grants: get(&self.fail_open_grants),
-            retries: get(&self.retries),
-            resends_granted_before: get(&self.resends_granted_before),
-            cached_refusals: get(&self.cached_refusals),
+            decisions: self.decisions.get(),
+            granted: self.granted.get(),
+            limited: self.limited.get(),
+            backend_errors: self.backend_errors.get(),
+            timeouts: self.timeouts.get(),
+            fail_open_grants: self.fail_open_grants.get(),
+            retries: self.retries.get(),
+            resends_granted_before: self.resends_granted_before.get(),
+            cached_refusals: self.cached_refusals.get(),
         }
     }
 }

@@ -97,6 +97,7 @@ pub struct SmoothBursty {
 pub struct SmoothBurstyBuilder {
     permits_per_second: Option<f64>,
     max_burst: Duration,
+    name: crate::meter::Name,
 }
 
 impl Default for SmoothBurstyBuilder {
@@ -104,6 +105,7 @@ impl Default for SmoothBurstyBuilder {
         SmoothBurstyBuilder {
             permits_per_second: None,
             max_burst: Duration::from_secs(1),
+            name: crate::meter::Name::default(),
         }
     }
 }
@@ -120,6 +122,16 @@ impl SmoothBurstyBuilder {
     /// (Guava's hard-coded value); zero stores nothing (pure pacing).
     pub fn max_burst(&mut self, max_burst: Duration) -> &mut Self {
         self.max_burst = max_burst;
+        self
+    }
+
+    /// Names the limiter for its metrics: the `limiter` label of every
+    /// series it records (see [`crate::metrics`]). Unnamed, it records
+    /// none.
+    #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    pub fn name(&mut self, name: impl Into<String>) -> &mut Self {
+        self.name.set(name.into());
         self
     }
 
@@ -150,7 +162,7 @@ impl SmoothBurstyBuilder {
         let rate = self.permits_per_second.ok_or(ConfigError::MissingRate)?;
         let state = SmoothState::bursty(rate, self.max_burst)?;
         Ok(SmoothBursty {
-            core: Engine::smooth(Kind::SmoothBursty, state),
+            core: Engine::smooth(Kind::SmoothBursty, state, self.name.slot(false)),
         })
     }
 }

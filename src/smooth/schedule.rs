@@ -310,7 +310,11 @@ impl Schedule for Smooth {
 
 impl Engine<Smooth> {
     /// A smooth limiter over `state`; nothing is spawned.
-    pub(super) fn smooth(kind: Kind, state: SmoothState) -> Arc<Engine<Smooth>> {
+    pub(super) fn smooth(
+        kind: Kind,
+        state: SmoothState,
+        meter: crate::meter::Slot,
+    ) -> Arc<Engine<Smooth>> {
         let smooth = Smooth {
             origin: clock::Origin::now(),
             closed: AtomicBool::new(false),
@@ -322,7 +326,7 @@ impl Engine<Smooth> {
             versions: 0,
             credit_until: Duration::ZERO,
         };
-        Engine::new(kind, smooth, books, Waking::OwnTimers)
+        Engine::new(kind, smooth, books, Waking::OwnTimers, meter)
     }
 
     /// The stable rate, in permits per second.

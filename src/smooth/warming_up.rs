@@ -72,6 +72,7 @@ pub struct SmoothWarmingUpBuilder {
     permits_per_second: Option<f64>,
     warmup: Option<Duration>,
     cold_factor: f64,
+    name: crate::meter::Name,
 }
 
 impl Default for SmoothWarmingUpBuilder {
@@ -80,6 +81,7 @@ impl Default for SmoothWarmingUpBuilder {
             permits_per_second: None,
             warmup: None,
             cold_factor: 3.0,
+            name: crate::meter::Name::default(),
         }
     }
 }
@@ -104,6 +106,16 @@ impl SmoothWarmingUpBuilder {
     /// the warm-up off. Defaults to 3 (Guava's hard-coded value).
     pub fn cold_factor(&mut self, cold_factor: f64) -> &mut Self {
         self.cold_factor = cold_factor;
+        self
+    }
+
+    /// Names the limiter for its metrics: the `limiter` label of every
+    /// series it records (see [`crate::metrics`]). Unnamed, it records
+    /// none.
+    #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    pub fn name(&mut self, name: impl Into<String>) -> &mut Self {
+        self.name.set(name.into());
         self
     }
 
@@ -141,7 +153,7 @@ impl SmoothWarmingUpBuilder {
         })?;
         let state = SmoothState::warming_up(rate, warmup, self.cold_factor)?;
         Ok(SmoothWarmingUp {
-            core: Engine::smooth(Kind::SmoothWarmingUp, state),
+            core: Engine::smooth(Kind::SmoothWarmingUp, state, self.name.slot(false)),
         })
     }
 }

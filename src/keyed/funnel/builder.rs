@@ -24,6 +24,7 @@ pub struct KeyedFunnelBuilder<K, S = RandomState> {
     sweep_interval: Duration,
     background_sweep: bool,
     hasher: S,
+    name: crate::meter::Name,
     keys: std::marker::PhantomData<fn() -> K>,
 }
 
@@ -38,6 +39,7 @@ impl<K, S: fmt::Debug> fmt::Debug for KeyedFunnelBuilder<K, S> {
             .field("sweep_interval", &self.sweep_interval)
             .field("background_sweep", &self.background_sweep)
             .field("hasher", &self.hasher)
+            .field("name", &self.name)
             .finish()
     }
 }
@@ -53,6 +55,7 @@ impl<K> Default for KeyedFunnelBuilder<K> {
             sweep_interval: Duration::from_secs(1),
             background_sweep: true,
             hasher: RandomState::new(),
+            name: crate::meter::Name::default(),
             keys: std::marker::PhantomData,
         }
     }
@@ -162,8 +165,19 @@ where
             sweep_interval: self.sweep_interval,
             background_sweep: self.background_sweep,
             hasher,
+            name: self.name.clone(),
             keys: std::marker::PhantomData,
         }
+    }
+
+    /// Names the map for its metrics: the `limiter` label of every series
+    /// it records, its key count included (see [`crate::metrics`]).
+    /// Unnamed, it records none.
+    #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    pub fn name(&mut self, name: impl Into<String>) -> &mut Self {
+        self.name.set(name.into());
+        self
     }
 
     /// Builds the map, and spawns its sweeper when called inside a tokio
@@ -244,6 +258,7 @@ where
             words,
             sweeper: notify.clone(),
             counters: Counters::default(),
+            meter: self.name.slot(true),
         });
         if let (Some(runtime), Some(notify)) = (runtime, notify) {
             let interval = self.sweep_interval;

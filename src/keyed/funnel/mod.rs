@@ -58,6 +58,7 @@ use tokio::sync::Notify;
 use super::map::{ShardMap, Unavailable};
 use super::{KeyedStats, Sweep};
 use crate::algorithm::{Bands, Params, PerBand};
+use crate::meter::Refusal;
 use crate::stats::Counters;
 use crate::sync::{AtomicU64, AtomicU128};
 use crate::{AcquireError, Peek, Quota, Rate, TryAcquireError, clock};
@@ -134,6 +135,8 @@ struct Inner<K, S> {
     /// dropped.
     sweeper: Option<Arc<Notify>>,
     counters: Counters,
+    /// What a named map records (see [`crate::metrics`]).
+    meter: crate::meter::Slot,
 }
 
 /// A quota keys may be held to, and its bands in the map's units.
@@ -226,14 +229,22 @@ where
         match poured {
             Poured::Granted => {
                 self.counters.granted(n);
+                self.meter.granted(n);
                 Ok(())
             }
             Poured::Limited(refusal) => {
                 self.counters.refused();
-                Err(refusal)
+                let refusal = Err(refusal);
+                if let Some(why) = Refusal::of_try(&refusal) {
+                    self.meter.refused(why);
+                }
+                refusal
             }
             // Not the key's doing: the map is full (a 503, not a 429).
-            Poured::MapFull { .. } => Err(TryAcquireError::Unavailable),
+            Poured::MapFull { .. } => {
+                self.meter.refused(Refusal::Unavailable);
+                Err(TryAcquireError::Unavailable)
+            }
         }
     }
 
@@ -271,6 +282,7 @@ where
                 if first {
                     self.wake_sweeper();
                 }
+                self.count_keys();
                 Poured::from(result)
             }
             Err(Unavailable::Refused { retry_after }) => {
@@ -307,6 +319,7 @@ where
                 if first {
                     self.wake_sweeper();
                 }
+                self.count_keys();
                 (Poured::from(result), Some((tats, now)))
             }
             Err(Unavailable::Refused { retry_after }) => {
@@ -411,6 +424,13 @@ where
         Peek::of_bands(answer, &tier.quota, quota, &tats, now_ns)
     }
 
+    /// Sets the key-count gauge, for a named map (after a key came).
+    fn count_keys(&self) {
+        if self.meter.is_on() {
+            self.meter.keys(with_map!(&self.words, map => map.len()));
+        }
+    }
+
     fn wake_sweeper(&self) {
         if let Some(notify) = &self.sweeper {
             notify.notify_one();
@@ -432,9 +452,11 @@ where
     fn sweep(&self) -> usize {
         let now_nanos = self.now_nanos();
         let units = &self.units;
-        with_map!(&self.words, map => {
+        let left = with_map!(&self.words, map => {
             map.sweep_all(now_nanos, |w, epoch| w.is_drained(units, epoch, now_nanos))
-        })
+        });
+        self.meter.keys(left);
+        left
     }
 }
 
@@ -616,16 +638,23 @@ where
         Q::Owned: Into<K>,
     {
         // The tries on the way are not refusals: only the answer is counted.
+        // A waiter in the metrics from its first sleep on.
+        let mut waiter = None;
         loop {
             match self.inner.pour_key(key, tier, n) {
                 Poured::Granted => {
                     self.inner.counters.granted(n);
+                    self.inner.meter.granted(n);
                     return Ok(());
                 }
                 Poured::Limited(TryAcquireError::Limited { retry_after })
-                | Poured::MapFull { retry_after } => clock::sleep(retry_after).await,
+                | Poured::MapFull { retry_after } => {
+                    waiter.get_or_insert_with(|| crate::meter::Waiter::start(&self.inner.meter));
+                    clock::sleep(retry_after).await;
+                }
                 Poured::Limited(TryAcquireError::InsufficientCapacity) => {
                     self.inner.counters.refused();
+                    self.inner.meter.refused(Refusal::TooLarge);
                     return Err(AcquireError::InsufficientCapacity);
                 }
                 Poured::Limited(_) => return Err(AcquireError::Closed),
