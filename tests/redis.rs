@@ -2452,3 +2452,102 @@ async fn a_named_limiter_records_its_counters_and_latency() {
         5.0
     );
 }
+
+/// `set_quota` while four tasks on two worker threads ask for one key as
+/// fast as Redis answers: the calls made before the change are granted
+/// within the old quota's bound, those made after within the new one's
+/// (capacity + rate × time since the change: the change gives no fresh
+/// burst), whether the quota shrinks or grows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn set_quota_while_serving_keeps_each_side_within_its_quota() {
+    #![expect(clippy::cast_precision_loss, reason = "counts of a few hundred")]
+    let Some(server) = RedisServer::start("set_quota_while_serving") else {
+        return;
+    };
+    let changes = [
+        (
+            Quota::new(Rate::per_second(200), 20),
+            Quota::new(Rate::per_second(50), 5),
+        ),
+        (
+            Quota::new(Rate::per_second(50), 5),
+            Quota::new(Rate::per_second(200), 40),
+        ),
+    ];
+    for (i, (old, new)) in changes.into_iter().enumerate() {
+        let limiter = RedisFunnel::builder(server.url())
+            .quota(old)
+            .prefix(format!("live{i}:"))
+            .failure_policy(FailurePolicy::Closed)
+            .timeout(ms(1000))
+            .refusal_cache(0)
+            .build()
+            .await
+            .unwrap();
+        let start = Instant::now();
+        let stop = start + ms(600);
+        let tasks: Vec<_> = (0..4)
+            .map(|_| {
+                let limiter = limiter.clone();
+                tokio::spawn(async move {
+                    let mut calls = Vec::new();
+                    while Instant::now() < stop {
+                        let sent = Instant::now();
+                        let granted = match limiter.try_acquire("k").await {
+                            Ok(()) => true,
+                            Err(RedisLimitError::Limited { .. }) => false,
+                            Err(e) => panic!("{e}"),
+                        };
+                        calls.push((sent, Instant::now(), granted));
+                    }
+                    calls
+                })
+            })
+            .collect();
+        sleep(ms(300)).await;
+        let before = Instant::now();
+        limiter.set_quota(new).unwrap();
+        let after = Instant::now();
+        assert_eq!(limiter.quota(), new);
+        let mut calls = Vec::new();
+        for task in tasks {
+            calls.extend(task.await.unwrap());
+        }
+        let end = calls.iter().map(|c| c.1).max().unwrap();
+        let granted = |pick: &dyn Fn(Instant) -> bool| {
+            calls.iter().filter(|c| c.2 && pick(c.0)).count() as f64
+        };
+        let refused =
+            |pick: &dyn Fn(Instant) -> bool| calls.iter().filter(|c| !c.2 && pick(c.0)).count();
+        // Calls sent while the quota was being replaced read either.
+        let either = granted(&|t| t >= before && t < after);
+        let bound = |q: Quota, span: Duration| {
+            let band = q.bands()[0];
+            f64::from(band.capacity()) + band.rate().permits_per_second() * span.as_secs_f64()
+        };
+        let old_side = granted(&|t| t < before);
+        let old_end = calls
+            .iter()
+            .filter(|c| c.0 < before)
+            .map(|c| c.1)
+            .max()
+            .unwrap();
+        assert!(
+            old_side <= bound(old, old_end - start) + either,
+            "{i}: {old_side} granted under {old:?} in {:?}",
+            old_end - start
+        );
+        let new_side = granted(&|t| t >= after);
+        assert!(
+            new_side <= bound(new, end - after) + either,
+            "{i}: {new_side} granted under {new:?} in {:?} after the change",
+            end - after
+        );
+        // Both sides were pressed past their limit (the check is not empty).
+        assert!(
+            refused(&|t| t < before) > 0 && refused(&|t| t >= after) > 0,
+            "{i}"
+        );
+        assert!(old_side > 0.0 && new_side > 0.0, "{i}");
+    }
+}

@@ -2,8 +2,8 @@
 //! its script loaded by [`RedisFunnelBuilder::build`]; and [`IntoClient`], what the
 //! builder connects to.
 
-use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use ::redis::{Client, ConnectionInfo, RedisResult, Script};
@@ -325,7 +325,7 @@ impl RedisFunnelBuilder {
                 conn,
                 script,
                 peek_script,
-                encoded,
+                encoded: RwLock::new(encoded),
                 prefix: self.prefix.clone(),
                 policy: self.policy,
                 timeout: self.timeout,

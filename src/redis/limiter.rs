@@ -3,8 +3,8 @@
 //! ([`FailurePolicy`]).
 
 use std::fmt;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, SystemTime};
 
 use ::redis::{IntoConnectionInfo, Script};
@@ -36,7 +36,9 @@ pub(super) struct Inner {
     pub(super) script: Script,
     pub(super) peek_script: Script,
     /// The quota of every call that does not pass its own.
-    pub(super) encoded: Encoded,
+    /// The quota of the calls that name none ([`RedisFunnel::set_quota`]
+    /// replaces it); read once per call.
+    pub(super) encoded: RwLock<Encoded>,
     pub(super) prefix: String,
     pub(super) policy: FailurePolicy,
     pub(super) timeout: Duration,
@@ -165,7 +167,7 @@ impl RedisFunnel {
     /// Dropping the future while its script is in flight may spend the
     /// permits without using them (Redis may already have decided).
     pub async fn try_acquire_many(&self, key: &str, n: u32) -> Result<(), RedisLimitError> {
-        self.try_acquire_encoded(key, &self.inner.encoded, n).await
+        self.try_acquire_encoded(key, &self.own(), n).await
     }
 
     /// As [`try_acquire_many`](Self::try_acquire_many), under `quota`
@@ -353,7 +355,7 @@ impl RedisFunnel {
     /// Dropping the future while it sleeps spends nothing; while a script
     /// is in flight, as [`try_acquire_many`](Self::try_acquire_many).
     pub async fn acquire_many(&self, key: &str, n: u32) -> Result<(), RedisLimitError> {
-        self.acquire_encoded(key, &self.inner.encoded, n).await
+        self.acquire_encoded(key, &self.own(), n).await
     }
 
     /// As [`acquire_many`](Self::acquire_many), under `quota` instead of
@@ -414,7 +416,8 @@ impl RedisFunnel {
         &self,
         requests: &[(&str, u32)],
     ) -> Vec<Result<(), RedisLimitError>> {
-        let quota = &self.inner.encoded;
+        // Read once: the batch is sent and answered under one quota.
+        let quota = &self.own();
         let sent = clock::now();
         let mut answers: Vec<Option<Result<(), RedisLimitError>>> =
             Vec::with_capacity(requests.len());
@@ -432,7 +435,7 @@ impl RedisFunnel {
             .map(|(&r, _)| r)
             .collect();
         if !asked.is_empty() {
-            let mut decided = self.eval_many(&asked).await.into_iter();
+            let mut decided = self.eval_many(&asked, quota).await.into_iter();
             let back = clock::now();
             // In the requests' order, so that the cache learns each key's
             // answers in the order Redis gave them.
@@ -487,7 +490,7 @@ impl RedisFunnel {
     ///
     /// As [`try_acquire_many`](Self::try_acquire_many).
     pub async fn decide(&self, key: &str, n: u32) -> Result<Decision, RedisLimitError> {
-        self.decide_encoded(key, &self.inner.encoded, n).await
+        self.decide_encoded(key, &self.own(), n).await
     }
 
     /// As [`decide`](Self::decide), under `quota` instead of the limiter's
@@ -598,7 +601,7 @@ impl RedisFunnel {
     /// # }
     /// ```
     pub async fn peek(&self, key: &str, n: u32) -> Result<Peek, RedisLimitError> {
-        self.peek_encoded(key, &self.inner.encoded, n).await
+        self.peek_encoded(key, &self.own(), n).await
     }
 
     /// As [`peek`](Self::peek), under `quota` instead of the limiter's own
@@ -665,14 +668,11 @@ impl RedisFunnel {
         quota: Option<&Quota>,
         n: u32,
     ) -> Result<Peek, RedisLimitError> {
-        let given;
-        let quota = match quota {
-            None => &self.inner.encoded,
-            Some(q) => {
-                given = self.encode(q)?;
-                &given
-            }
+        let given = match quota {
+            None => self.own(),
+            Some(q) => self.encode(q)?,
         };
+        let quota = &given;
         if n == 0 {
             return self.peek_encoded(key, quota, 0).await;
         }
@@ -733,19 +733,82 @@ impl RedisFunnel {
 
     /// The leak rate: the first band's, for a quota of several.
     pub fn rate(&self) -> Rate {
-        self.inner.encoded.quota().bands()[0].rate()
+        self.own().quota().bands()[0].rate()
     }
 
     /// Each key's capacity, in units: the largest request, which is the
     /// smallest band's capacity for a quota of several.
     pub fn capacity(&self) -> u32 {
-        self.inner.encoded.capacity()
+        self.own().capacity()
+    }
+
+    /// Replaces the quota of every call that does not pass its own, while
+    /// the limiter serves: every clone of this limiter uses `quota` from
+    /// its next call on (a call already under way finishes under the quota
+    /// it read; a batch is sent and answered under one). Nothing in Redis
+    /// changes: the keys keep their state.
+    ///
+    /// **Keys mid-window** follow the tier-change rule of
+    /// [`try_acquire_with`](Self::try_acquire_with#tier-changes): each
+    /// band's instant (when it is full again) carries over to the new
+    /// quota's band of the same index, so the time until each band is full
+    /// is kept — for bands of the same window, the fraction in use. So no
+    /// key gets a fresh burst from the change: across it, a band admits at
+    /// most what it had left under the old quota before the change, and
+    /// what the new quota allows after it (its capacity at most, and its
+    /// rate).
+    ///
+    /// Other processes sharing the prefix keep their own quota until they
+    /// are told: a fleet changes its quota by calling this in each process.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`](crate::ConfigError) for a quota a builder would
+    /// refuse; the quota in use is then unchanged.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use tokio_ratelimit::{Quota, Rate};
+    /// use tokio_ratelimit::redis::RedisFunnel;
+    ///
+    /// # #[tokio::main]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = RedisFunnel::builder("redis://127.0.0.1:6379/")
+    ///     .rate(Rate::per_second(100))
+    ///     .capacity(100)
+    ///     .build()
+    ///     .await?;
+    /// // Later, from configuration:
+    /// limiter.set_quota(Quota::new(Rate::per_second(50), 50))?;
+    /// assert_eq!(limiter.capacity(), 50);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn set_quota(&self, quota: Quota) -> Result<(), crate::ConfigError> {
+        let encoded = Encoded::new(&quota)?;
+        *self
+            .inner
+            .encoded
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = encoded;
+        tracing::debug!(prefix = %self.inner.prefix, ?quota, "redis rate limiter: quota changed");
+        Ok(())
+    }
+
+    /// The quota of the calls that name none, as it is now.
+    pub(super) fn own(&self) -> Encoded {
+        *self
+            .inner
+            .encoded
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The quota of every call that does not pass its own: every band (one
     /// for a rate and a capacity).
     pub fn quota(&self) -> Quota {
-        *self.inner.encoded.quota()
+        *self.own().quota()
     }
 
     /// The prefix of every Redis key.
@@ -775,8 +838,9 @@ impl RedisFunnel {
     /// encoded already; another costs a few hundred nanoseconds at most,
     /// next to a round trip's tens of microseconds, so nothing is cached.
     fn encode(&self, quota: &Quota) -> Result<Encoded, RedisLimitError> {
-        if quota == self.inner.encoded.quota() {
-            Ok(self.inner.encoded)
+        let own = self.own();
+        if quota == own.quota() {
+            Ok(own)
         } else {
             Encoded::new(quota).map_err(RedisLimitError::InvalidQuota)
         }
@@ -842,7 +906,7 @@ impl RedisFunnel {
 impl fmt::Debug for RedisFunnel {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisFunnel")
-            .field("quota", self.inner.encoded.quota())
+            .field("quota", &self.quota())
             .field("prefix", &self.inner.prefix)
             .field("policy", &self.inner.policy)
             .field("timeout", &self.inner.timeout)

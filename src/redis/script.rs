@@ -549,9 +549,10 @@ impl RedisFunnel {
     pub(super) async fn eval_many(
         &self,
         asked: &[(&str, u32)],
+        quota: &Encoded,
     ) -> Vec<Result<Reply, RedisLimitError>> {
         let started = self.inner.counters.started();
-        let replies = self.eval_many_untimed(asked).await;
+        let replies = self.eval_many_untimed(asked, quota).await;
         self.inner.counters.round_trip(started);
         replies
     }
@@ -559,6 +560,7 @@ impl RedisFunnel {
     async fn eval_many_untimed(
         &self,
         asked: &[(&str, u32)],
+        quota: &Encoded,
     ) -> Vec<Result<Reply, RedisLimitError>> {
         let now = clock::now();
         // A deadline too far to add (`Duration::MAX`) is thirty years away,
@@ -568,7 +570,7 @@ impl RedisFunnel {
             .unwrap_or_else(|| now + Duration::from_secs(30 * 365 * 86_400));
         let ids: Vec<RequestId> = asked.iter().map(|_| self.inner.ids.next()).collect();
         let Conn::Cluster { conn, slots, .. } = &self.inner.conn else {
-            return self.eval_on_one_node(asked, &ids, deadline).await;
+            return self.eval_on_one_node(asked, quota, &ids, deadline).await;
         };
         let mut conn = conn.clone();
         let table = match clock::timeout_at(deadline, slots.table(&mut conn)).await {
@@ -581,7 +583,7 @@ impl RedisFunnel {
         let sent = groups.iter().map(|group| {
             let mine: Vec<(&str, u32)> = group.iter().map(|&i| asked[i]).collect();
             let my_ids: Vec<RequestId> = group.iter().map(|&i| ids[i]).collect();
-            async move { self.eval_on_one_node(&mine, &my_ids, deadline).await }
+            async move { self.eval_on_one_node(&mine, quota, &my_ids, deadline).await }
         });
         let started = clock::now();
         let mut replies: Vec<Option<Result<Reply, RedisLimitError>>> = vec![None; asked.len()];
@@ -602,7 +604,7 @@ impl RedisFunnel {
                 let again = group.iter().map(|&i| {
                     let (key, n) = asked[i];
                     let since = self.inner.server_clock.since(keys[i].as_bytes(), started);
-                    self.resend_alone(key, n, ids[i], since, deadline)
+                    self.resend_alone(key, quota, n, ids[i], since, deadline)
                 });
                 answers = futures::future::join_all(again).await;
             }
@@ -621,6 +623,7 @@ impl RedisFunnel {
     async fn resend_alone(
         &self,
         key: &str,
+        quota: &Encoded,
         n: u32,
         id: RequestId,
         since: u64,
@@ -628,7 +631,7 @@ impl RedisFunnel {
     ) -> Result<Reply, RedisLimitError> {
         self.inner.counters.retries.add(1);
         let mut conn = self.inner.conn.clone();
-        let call = self.invocation(key, &self.inner.encoded, n, id, Some(since));
+        let call = self.invocation(key, quota, n, id, Some(since));
         let text = texts(&conn).0;
         match clock::timeout_at(deadline, Box::pin(invoke::<Reply>(&mut conn, text, &call))).await {
             Err(_) => Err(self.timed_out()),
@@ -646,6 +649,7 @@ impl RedisFunnel {
     async fn eval_on_one_node(
         &self,
         asked: &[(&str, u32)],
+        quota: &Encoded,
         ids: &[RequestId],
         deadline: tokio::time::Instant,
     ) -> Vec<Result<Reply, RedisLimitError>> {
@@ -657,7 +661,11 @@ impl RedisFunnel {
             Box::pin(async move {
                 let mut conn = self.inner.conn.clone();
                 let mut replies: Vec<RedisResult<Reply>> = conn
-                    .replies(self.pipeline(asked, ids, false, since), 0, first.as_bytes())
+                    .replies(
+                        self.pipeline(asked, quota, ids, false, since),
+                        0,
+                        first.as_bytes(),
+                    )
                     .await?;
                 let missing: Vec<usize> = (0..replies.len())
                 .filter(|&i| {
@@ -669,7 +677,7 @@ impl RedisFunnel {
                     let again_ids: Vec<RequestId> = missing.iter().map(|&i| ids[i]).collect();
                     let retried: Vec<RedisResult<Reply>> = conn
                         .replies(
-                            self.pipeline(&again, &again_ids, true, since),
+                            self.pipeline(&again, quota, &again_ids, true, since),
                             1,
                             first.as_bytes(),
                         )
@@ -707,6 +715,7 @@ impl RedisFunnel {
     fn pipeline(
         &self,
         asked: &[(&str, u32)],
+        quota: &Encoded,
         ids: &[RequestId],
         load: bool,
         since: Option<u64>,
@@ -720,7 +729,7 @@ impl RedisFunnel {
                 .ignore();
         }
         for (&(key, n), &id) in asked.iter().zip(ids) {
-            pipe.invoke_script(&self.invocation(key, &self.inner.encoded, n, id, since));
+            pipe.invoke_script(&self.invocation(key, quota, n, id, since));
         }
         pipe
     }
