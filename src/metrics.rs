@@ -40,11 +40,11 @@
 //! # Examples
 //!
 //! ```
-//! use tokio_ratelimit::{Rate, TokenBucket};
+//! use tokio_ratelimit::{Funnel, Rate};
 //!
 //! // Install the exporter's recorder first, e.g. metrics-exporter-prometheus:
 //! // let handle = PrometheusBuilder::new().install_recorder()?;
-//! let api = TokenBucket::builder()
+//! let api = Funnel::builder()
 //!     .rate(Rate::per_second(100))
 //!     .capacity(10)
 //!     .name("api")
