@@ -1371,3 +1371,105 @@ fn token_bucket_actor_starts_and_stops_across_two_runtimes() {
     assert!(granted <= bound, "granted {granted} > {bound} in {span:?}");
     assert_eq!(limiter.stats().granted, granted, "counters");
 }
+
+/// `KeyedFunnel::set_quota` while `THREADS` threads pour into four keys as
+/// fast as they can: per key and per band, the calls made before the
+/// switch are granted within the old quota's bound, and those made after
+/// it within the new one's (its capacity and rate since the switch: the
+/// change gives no fresh burst), shrinking and then growing. Both quotas
+/// have two bands of the same windows, so a key keeps the fraction of
+/// each band it had used.
+#[test]
+fn keyed_funnel_quota_switched_while_serving() {
+    const KEYS: usize = 4;
+    let _serial = serial();
+    let normal = Quota::new(Rate::per_second(20_000), 200).and(Rate::per_second(5_000), 2_000);
+    let degraded = Quota::new(Rate::per_second(2_000), 20).and(Rate::per_second(500), 200);
+    #[expect(clippy::cast_precision_loss, reason = "a handful of threads")]
+    for (from, to) in [(normal, degraded), (degraded, normal)] {
+        let map: KeyedFunnel<u64> = KeyedFunnel::builder().quota(from).tier(to).build().unwrap();
+        // 0: before the switch; 1: while it is made; 2: after.
+        let phase = AtomicU64::new(0);
+        let start = Instant::now();
+        let stop = start + Duration::from_millis(400);
+        let (mut switch_start, mut switch_end) = (start, start);
+        let per_thread: Vec<([[u64; 3]; KEYS], Instant)> = std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..THREADS)
+                .map(|t| {
+                    let (map, phase) = (&map, &phase);
+                    scope.spawn(move || {
+                        let mut granted = [[0u64; 3]; KEYS];
+                        let mut old_end = start;
+                        let mut key = t;
+                        while Instant::now() < stop {
+                            key = (key + 1) % KEYS;
+                            let seen = usize::try_from(phase.load(Ordering::Acquire)).unwrap();
+                            let ok = map.try_acquire(&(key as u64)).is_ok();
+                            if seen == 0 {
+                                old_end = Instant::now();
+                            }
+                            granted[key][seen] += u64::from(ok);
+                        }
+                        (granted, old_end)
+                    })
+                })
+                .collect();
+            std::thread::sleep(Duration::from_millis(200));
+            switch_start = Instant::now();
+            phase.store(1, Ordering::Release);
+            map.set_quota(to).unwrap();
+            phase.store(2, Ordering::Release);
+            switch_end = Instant::now();
+            workers.into_iter().map(|w| w.join().unwrap()).collect()
+        });
+        assert_eq!(map.quota(), to);
+        let end = Instant::now();
+        let old_end = per_thread.iter().map(|p| p.1).max().unwrap();
+        let bound = |quota: Quota, band: usize, span: Duration| {
+            let b = quota.bands()[band];
+            // A reading of the map's clock and of this test's may differ by
+            // a few microseconds: one permit, and 100 µs of the rate.
+            f64::from(b.capacity())
+                + b.rate().permits_per_second() * (span.as_secs_f64() + 1e-4)
+                + 1.0
+        };
+        for key in 0..KEYS {
+            let sum = |phase: usize| per_thread.iter().map(|p| p.0[key][phase]).sum::<u64>();
+            #[expect(clippy::cast_precision_loss, reason = "counts of thousands")]
+            let (before, during, after) = (sum(0) as f64, sum(1) as f64, sum(2) as f64);
+            for band in 0..2 {
+                // A call that read "before" may be decided after the switch
+                // began (and one "during" under either quota): both count
+                // on both sides.
+                let old = bound(from, band, old_end.max(switch_end) - start);
+                // And each thread may have one call in flight across it.
+                let in_flight = THREADS as f64;
+                assert!(
+                    before <= old + during + in_flight,
+                    "{from:?} → {to:?}, key {key}, band {band}: {before} before the switch > {old}"
+                );
+                let new = bound(to, band, end - switch_start);
+                assert!(
+                    after <= new + during + in_flight,
+                    "{from:?} → {to:?}, key {key}, band {band}: {after} after the switch > {new}"
+                );
+            }
+            if from == normal {
+                // Hammered, every key's bands are full at the switch, and
+                // the windows match: full they stay. Only the new rates
+                // since the switch come out, no capacity (a fresh burst
+                // would add 200 to band 1's).
+                for band in 0..2 {
+                    let rate = to.bands()[band].rate().permits_per_second();
+                    let span = (end - switch_start).as_secs_f64() + 1e-4;
+                    let tight = rate * span + 1.0 + during + THREADS as f64;
+                    assert!(
+                        after <= tight,
+                        "key {key}, band {band}: {after} after the switch > {tight}"
+                    );
+                }
+            }
+            assert!(before > 0.0 && after > 0.0, "{key}: the check is not empty");
+        }
+    }
+}

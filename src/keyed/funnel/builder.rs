@@ -121,7 +121,8 @@ where
     /// band it had used (Bucket4j's `PROPORTIONALLY`); a band of a longer
     /// window starts that much water fuller. Bands beyond the new quota's
     /// count are left as they are (and drain); bands beyond the old one's
-    /// start empty.
+    /// start empty. The same rule applies when the map's own quota is
+    /// switched to a tier with [`KeyedFunnel::set_quota`].
     pub fn tier(&mut self, quota: Quota) -> &mut Self {
         self.tiers.push(quota);
         self
@@ -218,24 +219,20 @@ where
             reason: "the tiers' rates share no exact time unit the map can count in \
                      (it would be finer than 2^-32 ns, or an interval in it above 2^64 units)",
         })?;
-        let mut tiers = quotas
+        // The map's own quota is the first.
+        let tiers: Box<[Tier]> = quotas
             .into_iter()
             .zip(bands)
             .map(|(quota, bands)| Tier::new(quota, bands))
-            .collect::<Vec<_>>();
-        // The map's own quota is the first.
-        let others: Box<[Tier]> = tiers.split_off(1).into();
-        let Some(default) = tiers.pop() else {
-            unreachable!("the map's own quota is always there")
-        };
+            .collect();
         // Amortized sweeps of one shard at most this often.
         let gap = self.sweep_interval / 8;
         let origin = clock::Origin::now();
         // 64 bits per band (read relative to the shard's epoch) while every
         // band of every tier fits; see the module docs.
         let narrow = units.params().iter().all(|u| u.den() <= 1 << 20)
-            && std::iter::once(&default)
-                .chain(&*others)
+            && tiers
+                .iter()
                 .flat_map(|t| t.bands.params())
                 .all(|p| p.tau() <= 1 << 56);
         let hasher = self.hasher.clone();
@@ -251,8 +248,8 @@ where
             .filter(|_| self.background_sweep);
         let notify = runtime.as_ref().map(|_| Arc::new(Notify::new()));
         let inner = Arc::new(Inner {
-            default,
-            others,
+            tiers,
+            default: std::sync::atomic::AtomicUsize::new(0),
             units,
             origin,
             words,

@@ -123,10 +123,12 @@ impl<K, S> Clone for KeyedFunnel<K, S> {
 }
 
 struct Inner<K, S> {
-    /// The quota of the calls that name none.
-    default: Tier,
-    /// The other quotas keys may be held to ([`KeyedFunnelBuilder::tier`]).
-    others: Box<[Tier]>,
+    /// Every quota keys may be held to: the map's own first, then the
+    /// tiers ([`KeyedFunnelBuilder::tier`]).
+    tiers: Box<[Tier]>,
+    /// The index in `tiers` of the quota of the calls that name none
+    /// ([`KeyedFunnel::set_quota`] moves it).
+    default: std::sync::atomic::AtomicUsize,
     /// The unit of each stored band, shared by every tier.
     units: Bands,
     origin: clock::Origin,
@@ -207,10 +209,7 @@ where
 
     /// The tier of `quota`, if the map was built with it.
     fn find_tier(&self, quota: &Quota) -> Option<&Tier> {
-        if self.default.quota == *quota {
-            return Some(&self.default);
-        }
-        self.others.iter().find(|t| t.quota == *quota)
+        self.tiers.iter().find(|t| t.quota == *quota)
     }
 
     /// Pours `n` units into `key`'s funnel under `tier` if they fit now,
@@ -460,6 +459,14 @@ where
     }
 }
 
+impl<K, S> Inner<K, S> {
+    /// The quota of the calls that name none, now.
+    #[inline]
+    fn own(&self) -> &Tier {
+        &self.tiers[self.default.load(std::sync::atomic::Ordering::Relaxed)]
+    }
+}
+
 impl<K, S> Drop for Inner<K, S> {
     fn drop(&mut self) {
         if let Some(notify) = &self.sweeper {
@@ -494,7 +501,7 @@ where
         Q: Hash + Eq + ToOwned + ?Sized,
         Q::Owned: Into<K>,
     {
-        self.inner.try_acquire(key, &self.inner.default, 1)
+        self.inner.try_acquire(key, self.inner.own(), 1)
     }
 
     /// Pours `n` units into `key`'s funnel if they fit now: lock-free on the
@@ -513,7 +520,7 @@ where
         Q: Hash + Eq + ToOwned + ?Sized,
         Q::Owned: Into<K>,
     {
-        self.inner.try_acquire(key, &self.inner.default, n)
+        self.inner.try_acquire(key, self.inner.own(), n)
     }
 
     /// Waits until one unit fits in `key`'s funnel, then pours it.
@@ -557,7 +564,7 @@ where
         Q: Hash + Eq + ToOwned + Sync + ?Sized,
         Q::Owned: Into<K>,
     {
-        self.wait(key, &self.inner.default, n).await
+        self.wait(key, self.inner.own(), n).await
     }
 
     /// Pours `n` units into `key`'s funnel under `quota` — one of the
@@ -696,7 +703,7 @@ where
         Q: Hash + Eq + ?Sized,
     {
         let (tats, now) = self.inner.tats(key);
-        self.inner.default.bands.available(&tats, now)
+        self.inner.own().bands.available(&tats, now)
     }
 
     /// How long until `key`'s funnel is empty (its whole capacity free
@@ -712,7 +719,7 @@ where
         Q: Hash + Eq + ?Sized,
     {
         let (tats, now) = self.inner.tats(key);
-        let bands = &self.inner.default.bands;
+        let bands = &self.inner.own().bands;
         bands
             .params()
             .iter()
@@ -752,7 +759,7 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        self.inner.peek(key, &self.inner.default, n)
+        self.inner.peek(key, self.inner.own(), n)
     }
 
     /// What `try_acquire_with(key, quota, n)` would answer now, and the
@@ -785,7 +792,7 @@ where
         Q::Owned: Into<K>,
     {
         let tier = match quota {
-            None => &self.inner.default,
+            None => self.inner.own(),
             Some(quota) => {
                 let Some(tier) = self.inner.find_tier(quota) else {
                     tracing::error!(?quota, "KeyedFunnel: a quota the map was not built with");
@@ -827,7 +834,65 @@ where
 
     /// The map's quota: the one the calls that name none hold keys to.
     pub fn quota(&self) -> Quota {
-        self.inner.default.quota
+        self.inner.own().quota
+    }
+
+    /// Makes `quota` the one the calls that name none hold keys to, while
+    /// the map serves (a tier's quota changed in configuration, say). The
+    /// quota must be one the map was built with — its own or a
+    /// [`tier`](KeyedFunnelBuilder::tier) — since every key's state is
+    /// counted in units those quotas share: declare at build every quota
+    /// the map may be switched to. A call already under way finishes under
+    /// the quota it read.
+    ///
+    /// **Keys mid-window** follow the tier-change rule (see
+    /// [`KeyedFunnelBuilder::tier`]): each band's instant (when it is
+    /// empty again) carries over to the new quota's band of the same index,
+    /// so the change gives no key a fresh burst; across it a band admits
+    /// at most what it had left under the old quota, and then what the new
+    /// one allows (its capacity at most, and its rate).
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::InvalidParameter`](crate::ConfigError::InvalidParameter) for a quota the map was not built
+    /// with; the quota in use is then unchanged.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tokio_ratelimit::{Quota, Rate, TryAcquireError, keyed::KeyedFunnel};
+    ///
+    /// let normal = Quota::new(Rate::per_second(10), 10);
+    /// let degraded = Quota::new(Rate::per_second(1), 2);
+    /// let per_ip: KeyedFunnel<String> =
+    ///     KeyedFunnel::builder().quota(normal).tier(degraded).build().unwrap();
+    /// for _ in 0..5 {
+    ///     per_ip.try_acquire("10.0.0.1").unwrap();
+    /// }
+    /// // Under load, every client is held to the degraded quota: the key
+    /// // has 5 seconds of water at 10/s (0.5 s), over a depth of 2 s at
+    /// // 1/s: it has used a quarter, and may take 1 more now.
+    /// per_ip.set_quota(degraded).unwrap();
+    /// assert_eq!(per_ip.quota(), degraded);
+    /// assert!(per_ip.try_acquire("10.0.0.1").is_ok());
+    /// assert!(matches!(per_ip.try_acquire("10.0.0.1"), Err(TryAcquireError::Limited { .. })));
+    /// assert!(per_ip.set_quota(Quota::new(Rate::per_second(5), 5)).is_err());
+    /// ```
+    pub fn set_quota(&self, quota: Quota) -> Result<(), crate::ConfigError> {
+        let index = self
+            .inner
+            .tiers
+            .iter()
+            .position(|t| t.quota == quota)
+            .ok_or(crate::ConfigError::InvalidParameter {
+                name: "quota",
+                reason: "not one of the map's quotas: declare it with KeyedFunnelBuilder::tier",
+            })?;
+        self.inner
+            .default
+            .store(index, std::sync::atomic::Ordering::Relaxed);
+        tracing::debug!(?quota, "keyed funnel: quota changed");
+        Ok(())
     }
 
     /// The leak rate of the map's quota (of its first band).
@@ -838,7 +903,7 @@ where
     /// The most units one request may take under the map's quota: its
     /// smallest capacity.
     pub fn capacity(&self) -> u32 {
-        self.inner.default.capacity
+        self.inner.own().capacity
     }
 }
 
@@ -846,8 +911,8 @@ impl<K, S> fmt::Debug for KeyedFunnel<K, S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let stats = with_map!(&self.inner.words, map => map.stats());
         f.debug_struct("KeyedFunnel")
-            .field("quota", &self.inner.default.quota)
-            .field("tiers", &self.inner.others.len())
+            .field("quota", &self.inner.own().quota)
+            .field("tiers", &(self.inner.tiers.len() - 1))
             .field("stats", &stats)
             .finish()
     }
