@@ -749,7 +749,7 @@ impl RedisFunnel {
     /// changes: the keys keep their state.
     ///
     /// **Keys mid-window** follow the tier-change rule of
-    /// [`try_acquire_with`](Self::try_acquire_with#tier-changes): each
+    /// [`try_acquire_with`](Self::try_acquire_with) ("Tier changes"): each
     /// band's instant (when it is full again) carries over to the new
     /// quota's band of the same index, so the time until each band is full
     /// is kept — for bands of the same window, the fraction in use. So no
