@@ -220,7 +220,7 @@ where
                      (it would be finer than 2^-32 ns, or an interval in it above 2^64 units)",
         })?;
         // The map's own quota is the first.
-        let tiers: Box<[Tier]> = quotas
+        let mut tiers: Vec<Tier> = quotas
             .into_iter()
             .zip(bands)
             .map(|(quota, bands)| Tier::new(quota, bands))
@@ -247,8 +247,13 @@ where
             .ok()
             .filter(|_| self.background_sweep);
         let notify = runtime.as_ref().map(|_| Arc::new(Notify::new()));
+        let others: Box<[Tier]> = tiers.split_off(1).into();
+        let Some(first) = tiers.pop() else {
+            unreachable!("the map's own quota is always there")
+        };
         let inner = Arc::new(Inner {
-            tiers,
+            first,
+            others,
             default: std::sync::atomic::AtomicUsize::new(0),
             units,
             origin,

@@ -123,11 +123,13 @@ impl<K, S> Clone for KeyedFunnel<K, S> {
 }
 
 struct Inner<K, S> {
-    /// Every quota keys may be held to: the map's own first, then the
-    /// tiers ([`KeyedFunnelBuilder::tier`]).
-    tiers: Box<[Tier]>,
-    /// The index in `tiers` of the quota of the calls that name none
-    /// ([`KeyedFunnel::set_quota`] moves it).
+    /// The quota the map was built with (kept apart from the others so
+    /// that the hot path reads it without a pointer or a bounds check).
+    first: Tier,
+    /// The other quotas keys may be held to ([`KeyedFunnelBuilder::tier`]).
+    others: Box<[Tier]>,
+    /// Which of them the calls that name none use: 0 for `first`, `i` for
+    /// `others[i - 1]` ([`KeyedFunnel::set_quota`] moves it).
     default: std::sync::atomic::AtomicUsize,
     /// The unit of each stored band, shared by every tier.
     units: Bands,
@@ -209,7 +211,7 @@ where
 
     /// The tier of `quota`, if the map was built with it.
     fn find_tier(&self, quota: &Quota) -> Option<&Tier> {
-        self.tiers.iter().find(|t| t.quota == *quota)
+        self.tiers().find(|t| t.quota == *quota)
     }
 
     /// Pours `n` units into `key`'s funnel under `tier` if they fit now,
@@ -463,7 +465,15 @@ impl<K, S> Inner<K, S> {
     /// The quota of the calls that name none, now.
     #[inline]
     fn own(&self) -> &Tier {
-        &self.tiers[self.default.load(std::sync::atomic::Ordering::Relaxed)]
+        match self.default.load(std::sync::atomic::Ordering::Relaxed) {
+            0 => &self.first,
+            i => &self.others[i - 1],
+        }
+    }
+
+    /// Every quota keys may be held to, the map's own first.
+    fn tiers(&self) -> impl Iterator<Item = &Tier> {
+        std::iter::once(&self.first).chain(&*self.others)
     }
 }
 
@@ -879,15 +889,12 @@ where
     /// assert!(per_ip.set_quota(Quota::new(Rate::per_second(5), 5)).is_err());
     /// ```
     pub fn set_quota(&self, quota: Quota) -> Result<(), crate::ConfigError> {
-        let index = self
-            .inner
-            .tiers
-            .iter()
-            .position(|t| t.quota == quota)
-            .ok_or(crate::ConfigError::InvalidParameter {
+        let index = self.inner.tiers().position(|t| t.quota == quota).ok_or(
+            crate::ConfigError::InvalidParameter {
                 name: "quota",
                 reason: "not one of the map's quotas: declare it with KeyedFunnelBuilder::tier",
-            })?;
+            },
+        )?;
         self.inner
             .default
             .store(index, std::sync::atomic::Ordering::Relaxed);
@@ -912,7 +919,7 @@ impl<K, S> fmt::Debug for KeyedFunnel<K, S> {
         let stats = with_map!(&self.inner.words, map => map.stats());
         f.debug_struct("KeyedFunnel")
             .field("quota", &self.inner.own().quota)
-            .field("tiers", &(self.inner.tiers.len() - 1))
+            .field("tiers", &self.inner.others.len())
             .field("stats", &stats)
             .finish()
     }
