@@ -757,7 +757,7 @@ fn the_json_summary_has_the_answers() {
 fn every_keys_counts_are_written_one_line_each() {
     let path = data("trace_small.csv");
     let out = TempTrace::new("keys.jsonl", "");
-    let plan = plan(&[
+    let keys = plan(&[
         "--trace",
         &path,
         "--limiter",
@@ -770,7 +770,7 @@ fn every_keys_counts_are_written_one_line_each() {
         out.path(),
     ]);
     assert_eq!(
-        playground::tool::run(&plan),
+        playground::tool::run(&keys),
         std::process::ExitCode::SUCCESS
     );
     let text = std::fs::read_to_string(&out.0).unwrap();
@@ -802,6 +802,12 @@ fn every_keys_counts_are_written_one_line_each() {
     );
     // Both answers cannot take stdout.
     assert!(parse_command(["--trace", &path, "--json", "-", "--keys", "-"]).is_err());
+    // A file that cannot be written is an output failure: exit 1.
+    let unwritable = plan(&["--trace", &path, "--keys", "/nonexistent/keys.jsonl"]);
+    assert_eq!(
+        playground::tool::run(&unwritable),
+        std::process::ExitCode::FAILURE
+    );
 }
 
 /// Many keys: a line each, in the order they came, and the lines add up to

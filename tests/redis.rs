@@ -2551,3 +2551,50 @@ async fn set_quota_while_serving_keeps_each_side_within_its_quota() {
         assert!(old_side > 0.0 && new_side > 0.0, "{i}");
     }
 }
+
+/// `set_quota` refuses a quota a builder would and keeps the one in use;
+/// and the refusal cache, which remembers a refusal under the quota it was
+/// made under, does not answer for the new one: after a refusal under 1/s
+/// with a burst of 1, the quota grows to a burst of 2 and the next request
+/// is asked of Redis, which grants it (the key's instant carries over:
+/// 1 s of water in a 2 s deep band).
+#[tokio::test]
+async fn set_quota_is_checked_and_the_refusal_cache_keeps_to_its_quota() {
+    let Some(server) = RedisServer::start("set_quota_and_the_refusal_cache") else {
+        return;
+    };
+    let one = Quota::new(Rate::per_second(1), 1);
+    let two = Quota::new(Rate::per_second(1), 2);
+    let limiter = RedisFunnel::builder(server.url())
+        .quota(one)
+        .prefix("live_cache:")
+        .failure_policy(FailurePolicy::Closed)
+        .timeout(ms(1000))
+        .build()
+        .await
+        .unwrap();
+    assert!(matches!(
+        limiter.set_quota(Quota::new(Rate::per_second(0), 1)),
+        Err(ConfigError::InvalidRate { .. })
+    ));
+    assert_eq!(limiter.quota(), one);
+    limiter.try_acquire("k").await.unwrap();
+    // Refused by Redis, then by the cache without asking.
+    for _ in 0..2 {
+        assert!(matches!(
+            limiter.try_acquire("k").await,
+            Err(RedisLimitError::Limited { .. })
+        ));
+    }
+    let s = limiter.stats();
+    assert_eq!((s.decisions, s.limited, s.cached_refusals), (2, 1, 1));
+    limiter.set_quota(two).unwrap();
+    limiter.try_acquire("k").await.unwrap();
+    let s = limiter.stats();
+    assert_eq!((s.decisions, s.granted, s.cached_refusals), (3, 2, 1));
+    // And the new quota holds: the band is full now.
+    assert!(matches!(
+        limiter.try_acquire("k").await,
+        Err(RedisLimitError::Limited { .. })
+    ));
+}
