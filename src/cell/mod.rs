@@ -327,11 +327,14 @@ impl Cell {
                 break;
             }
             let params = self.params_relaxed();
-            let Some(now) = u64::try_from(now_nanos)
-                .ok()
-                .and_then(|nanos| nanos.checked_mul(params.den()))
-                .filter(|&now| now < NARROW_LIMIT)
-            else {
+            // Whole-nanosecond intervals (`den` 1, most rates) skip the
+            // multiply: it would sit between the clock and the swap.
+            let now = match u64::try_from(now_nanos) {
+                Ok(nanos) if params.den() == 1 => Some(nanos),
+                Ok(nanos) => nanos.checked_mul(params.den()),
+                Err(_) => None,
+            };
+            let Some(now) = now.filter(|&now| now < NARROW_LIMIT) else {
                 break;
             };
             match params.try_pour_narrow(tat, now, n) {

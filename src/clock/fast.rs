@@ -66,13 +66,14 @@ pub(crate) trait Source {
     fn nanos_per_2_32(&self) -> u64;
 }
 
-/// The CPU's counter through `quanta`, and std's clock.
+/// The CPU's counter, and std's clock; `quanta` for the first
+/// calibration (and, off x86-64, the counter itself).
 pub(crate) struct Tsc(quanta::Clock);
 
 impl Source for Tsc {
     #[inline]
     fn counter(&self) -> u64 {
-        self.0.raw()
+        read_counter(&self.0)
     }
 
     fn os_nanos(&self) -> Option<u64> {
@@ -84,6 +85,45 @@ impl Source for Tsc {
     fn nanos_per_2_32(&self) -> u64 {
         self.0.delta_as_nanos(0, 1 << 32)
     }
+}
+
+/// The counter on x86-64: `rdtsc`, inlined. quanta's `Clock::raw` makes
+/// the same call, but out of line (it is not `#[inline]`), and a call on the
+/// hot path costs more than the call: everything live across it moves to
+/// callee-saved registers, five pushes and pops on every `try_acquire`.
+/// [`get`] checks that quanta reads this very counter before trusting its
+/// calibration for it.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn read_counter(_: &quanta::Clock) -> u64 {
+    // SAFETY: `rdtsc` reads the time-stamp counter into two registers. It
+    // has no preconditions (every x86-64 CPU has it, and it touches no
+    // memory); `core::arch` declares it `unsafe` as it does every
+    // intrinsic. quanta's `Counter::now` is exactly this call.
+    #[expect(
+        unsafe_code,
+        reason = "the crate's one unsafe block: an intrinsic with no preconditions"
+    )]
+    unsafe {
+        std::arch::x86_64::_rdtsc()
+    }
+}
+
+/// The counter elsewhere: quanta's (`cntvct_el0` on aarch64).
+#[cfg(not(target_arch = "x86_64"))]
+#[inline]
+fn read_counter(clock: &quanta::Clock) -> u64 {
+    clock.raw()
+}
+
+/// Whether quanta reads the counter [`read_counter`] reads (and not, for
+/// want of an invariant TSC, the OS clock), so that its calibration is the
+/// counter's: its reading falls between two of ours.
+fn quanta_reads_the_counter(clock: &quanta::Clock) -> bool {
+    let before = read_counter(clock);
+    let theirs = clock.raw();
+    let after = read_counter(clock);
+    cfg!(not(target_arch = "x86_64")) || (before <= theirs && theirs <= after)
 }
 
 /// The fast clock, set up once per process.
@@ -117,9 +157,14 @@ pub(crate) fn get() -> Option<&'static Fast> {
     static FAST: OnceLock<Option<Fast>> = OnceLock::new();
     FAST.get_or_init(|| {
         let wanted = std::env::var("TOKIO_RATELIMIT_CLOCK").map_or(true, |v| v != "system");
-        (wanted && trusted_counter())
-            .then(|| Fast::new(Tsc(quanta::Clock::new()), PERIOD))
-            .flatten()
+        if !(wanted && trusted_counter()) {
+            return None;
+        }
+        let clock = quanta::Clock::new();
+        if !quanta_reads_the_counter(&clock) {
+            return None;
+        }
+        Fast::new(Tsc(clock), PERIOD)
     })
     .as_ref()
 }
@@ -164,6 +209,20 @@ impl<S: Source> Fast<S> {
     /// Now, in nanoseconds on the OS monotonic clock's scale.
     #[inline]
     pub(crate) fn now(&self) -> u64 {
+        self.since(0)
+    }
+
+    /// Nanoseconds from `origin` (an earlier reading of this clock) to now;
+    /// 0 if now reads earlier (another core's counter a hair behind).
+    ///
+    /// The hot path of every limiter on this clock, so it is laid out for
+    /// latency: everything but the counter is loaded while the counter is
+    /// read, `origin` is taken off the anchor meanwhile, and after the
+    /// counter come one subtraction, one 64-bit multiply, a shift, an add
+    /// and a sign check (a segment is short enough for the product to fit
+    /// in 64 bits; the rare one that is not takes the slow path).
+    #[inline]
+    pub(crate) fn since(&self, origin: u64) -> u64 {
         let count = self.source.counter();
         let seq = self.seq.load(Ordering::Acquire);
         let segment = self.segment();
@@ -173,9 +232,11 @@ impl<S: Source> Fast<S> {
         // the slow path too.
         let since = count.wrapping_sub(segment.count);
         if seq & 1 == 0 && since <= self.period && self.seq.load(Ordering::Relaxed) == seq {
-            return segment.at(since);
+            if let Some(product) = since.checked_mul(segment.mult) {
+                return segment.at_since(origin, product >> 32);
+            }
         }
-        self.now_slow(count)
+        self.now_slow(count).saturating_sub(origin)
     }
 
     /// The segment's three atomics, loaded (not validated).
@@ -253,6 +314,24 @@ struct Segment {
 }
 
 impl Segment {
+    /// `elapsed` ns after the anchor, less `origin`: 0 if that is before
+    /// `origin`. Both are nanoseconds since boot (below 2⁶², see
+    /// `super::FAST`), so their difference fits an `i64`, and it does not
+    /// depend on the counter: only the add and the sign check come after
+    /// the multiply.
+    #[inline]
+    #[expect(
+        clippy::cast_possible_wrap,
+        clippy::cast_sign_loss,
+        reason = "two's complement on purpose: the anchor and the origin are \
+                  below 2⁶², `elapsed` below 2³²"
+    )]
+    fn at_since(self, origin: u64, elapsed: u64) -> u64 {
+        let base = self.nanos.wrapping_sub(origin) as i64;
+        let t = base.wrapping_add(elapsed as i64);
+        if t < 0 { 0 } else { t as u64 }
+    }
+
     /// The time `since` counts after the anchor.
     #[inline]
     fn at(self, since: u64) -> u64 {
@@ -400,6 +479,46 @@ mod tests {
             let elapsed = os(c) - os(before);
             assert!(t - last >= elapsed - elapsed / 1_000_000 * SLEW_PPM - 2);
             last = t;
+        }
+    }
+
+    /// `since(origin)` is the time less `origin`, saturating at 0, for
+    /// origins behind, at and ahead of the reading, within a segment and
+    /// across segments, and with segments too long for the fast path's
+    /// 64-bit product (10 s: it falls back to the 128-bit one). The
+    /// reference is a twin clock on the same source read through the slow
+    /// path (`now_slow`, 128-bit arithmetic throughout): both start the
+    /// same segments at the same readings.
+    #[test]
+    fn since_an_origin_is_now_less_the_origin() {
+        for period in [PERIOD, Duration::from_secs(10)] {
+            let m = source(16);
+            let (fast, twin) = (
+                Fast::new(&m, period).unwrap(),
+                Fast::new(&m, period).unwrap(),
+            );
+            let mut c = 1_000u64;
+            for i in 0..5_000u64 {
+                // Steps from 1 count to ~6 s, so that readings fall inside
+                // segments, just past them and far past them.
+                c += 1 + (i * 2_654_435_761) % 16_000_000_000 / (1 + (i % 3) * 1_000);
+                m.set(c, os(c));
+                let now = twin.now_slow(c);
+                let origins = [
+                    0,
+                    now / 2,
+                    now.saturating_sub(1),
+                    now,
+                    now + 1,
+                    now + 1_000_000_000,
+                ];
+                let origin = origins[usize::try_from(i).unwrap() % origins.len()];
+                assert_eq!(
+                    fast.since(origin),
+                    now.saturating_sub(origin),
+                    "{period:?}, {i}"
+                );
+            }
         }
     }
 

@@ -314,37 +314,64 @@ impl<S: Schedule> Engine<S> {
     }
 
     /// The meter: `n` permits now or a refusal with the exact wait.
+    ///
+    /// The hot path of every limiter, kept small: one range check for `n`,
+    /// the schedule's decision, a counter, and the traces out of line
+    /// behind their level check (the `trace!` calls' frames and spills
+    /// would otherwise be paid on every call).
+    #[inline]
     pub(crate) fn try_acquire(&self, n: u32) -> Result<(), TryAcquireError> {
-        if n > self.capacity() {
-            if self.is_closed() {
-                return Err(TryAcquireError::Closed);
-            }
-            self.counts().refused();
-            self.meter.refused(Refusal::TooLarge);
-            return Err(TryAcquireError::InsufficientCapacity);
-        }
-        if n == 0 {
-            return if self.is_closed() {
-                Err(TryAcquireError::Closed)
-            } else {
-                Ok(())
-            };
+        // 1..=capacity in one comparison (0 wraps above any capacity).
+        if n.wrapping_sub(1) >= self.capacity() {
+            return self.try_acquire_edge(n);
         }
         match S::try_take(self, n) {
             Ok(()) => {
                 self.counts().granted(n);
                 self.meter.granted(n);
-                tracing::trace!(limiter = self.kind.name(), n, "granted");
+                if tracing::enabled!(tracing::Level::TRACE) {
+                    self.trace_granted(n);
+                }
                 Ok(())
             }
             Err(Some(retry_after)) => {
                 self.counts().refused();
                 self.meter.refused(Refusal::Limited);
-                tracing::trace!(limiter = self.kind.name(), n, ?retry_after, "limited");
+                if tracing::enabled!(tracing::Level::TRACE) {
+                    self.trace_limited(n, retry_after);
+                }
                 Err(TryAcquireError::Limited { retry_after })
             }
             Err(None) => Err(TryAcquireError::Closed),
         }
+    }
+
+    /// [`try_acquire`](Self::try_acquire) for 0 permits or more than the
+    /// capacity.
+    #[cold]
+    #[inline(never)]
+    fn try_acquire_edge(&self, n: u32) -> Result<(), TryAcquireError> {
+        if self.is_closed() {
+            Err(TryAcquireError::Closed)
+        } else if n == 0 {
+            Ok(())
+        } else {
+            self.counts().refused();
+            self.meter.refused(Refusal::TooLarge);
+            Err(TryAcquireError::InsufficientCapacity)
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn trace_granted(&self, n: u32) {
+        tracing::trace!(limiter = self.kind.name(), n, "granted");
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn trace_limited(&self, n: u32, retry_after: Duration) {
+        tracing::trace!(limiter = self.kind.name(), n, ?retry_after, "limited");
     }
 
     /// What [`try_acquire`](Self::try_acquire) would answer now for `n`,

@@ -91,7 +91,8 @@ impl Books {
 }
 
 impl Smooth {
-    /// Time since the origin on tokio's clock.
+    /// Time since the origin on the limiter's clock.
+    #[inline]
     fn now(&self) -> Duration {
         Duration::from_nanos(self.origin.elapsed_nanos())
     }
@@ -135,11 +136,13 @@ impl Schedule for Smooth {
         // predate the grant that published the ticket, and a grant made a
         // moment ago would read as debt. A ticket about to move back reads
         // as a refusal just before that change.
-        let owed = Duration::from_nanos(smooth.next_free.load(Ordering::Acquire));
-        let now = smooth.now();
-        if owed > now {
-            return Err(Some(owed.saturating_sub(now)));
+        // (In nanoseconds: a `Duration` is made only for the answer.)
+        let owed = smooth.next_free.load(Ordering::Acquire);
+        let now_nanos = smooth.origin.elapsed_nanos();
+        if owed > now_nanos {
+            return Err(Some(Duration::from_nanos(owed - now_nanos)));
         }
+        let now = Duration::from_nanos(now_nanos);
         let mut queue = engine.lock();
         if smooth.is_closed() {
             return Err(None);
