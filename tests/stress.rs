@@ -1473,3 +1473,107 @@ fn keyed_funnel_quota_switched_while_serving() {
         }
     }
 }
+
+/// `Keyed::set_limiter` and `for_each` while 4 OS threads hammer 4 keys
+/// of a `Keyed<u64, TokenBucket>`, shrinking the rate tenfold and growing
+/// it back: per key, the calls decided before the change stay within the
+/// old rate's bound, and those after within what the rule allows — a key
+/// held keeps its tokens and its capacity, refilling at the new rate from
+/// the change (`TokenBucket::set_rate`); a key first used after the change
+/// is the new factory's. Shrinking from saturated keys, only the new rate
+/// comes out after the change (no fresh burst); a map that kept the old
+/// rate for its held keys gives out ten times that.
+#[test]
+fn keyed_rate_changed_while_serving() {
+    const KEYS: usize = 4;
+    let _serial = serial();
+    let rt = runtime();
+    let _entered = rt.enter();
+    let (fast, slow) = (
+        (Rate::per_second(20_000), 200),
+        (Rate::per_second(2_000), 20),
+    );
+    let bucket = |(rate, capacity): (Rate, u32)| {
+        move || TokenBucket::builder().rate(rate).capacity(capacity).build()
+    };
+    for (from, to) in [(fast, slow), (slow, fast)] {
+        let map: Keyed<u64, TokenBucket> = Keyed::builder().limiter(bucket(from)).build().unwrap();
+        // 0: before the change; 1: while it is made; 2: after.
+        let phase = AtomicU64::new(0);
+        let start = Instant::now();
+        let stop = start + Duration::from_millis(400);
+        let (mut change_start, mut change_end) = (start, start);
+        // Per thread: per key (the last one new after the change) and
+        // phase, the permits granted; and the last call that saw phase 0.
+        let per_thread: Vec<([[u64; 3]; KEYS + 1], Instant)> = std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..THREADS)
+                .map(|t| {
+                    let (map, phase) = (&map, &phase);
+                    scope.spawn(move || {
+                        let mut granted = [[0u64; 3]; KEYS + 1];
+                        let mut old_end = start;
+                        let mut key = t;
+                        while Instant::now() < stop {
+                            let seen = usize::try_from(phase.load(Ordering::Acquire)).unwrap();
+                            // The new key only after the change.
+                            key = (key + 1) % if seen == 2 { KEYS + 1 } else { KEYS };
+                            let ok = map.try_acquire(&(key as u64)).is_ok();
+                            if seen == 0 {
+                                old_end = Instant::now();
+                            }
+                            granted[key][seen] += u64::from(ok);
+                        }
+                        (granted, old_end)
+                    })
+                })
+                .collect();
+            std::thread::sleep(Duration::from_millis(200));
+            change_start = Instant::now();
+            phase.store(1, Ordering::Release);
+            map.set_limiter(bucket(to)).unwrap();
+            map.for_each(|_, limiter| limiter.set_rate(to.0).unwrap());
+            phase.store(2, Ordering::Release);
+            change_end = Instant::now();
+            workers.into_iter().map(|w| w.join().unwrap()).collect()
+        });
+        let end = Instant::now();
+        let old_end = per_thread.iter().map(|p| p.1).max().unwrap();
+        // A permit and 100 µs of the rate for readings of two clocks.
+        let bound = |capacity: u32, rate: Rate, span: Duration| {
+            f64::from(capacity) + rate.permits_per_second() * (span.as_secs_f64() + 1e-4) + 1.0
+        };
+        #[expect(clippy::cast_precision_loss, reason = "a handful of threads")]
+        let in_flight = THREADS as f64;
+        for key in 0..=KEYS {
+            let sum = |phase: usize| per_thread.iter().map(|p| p.0[key][phase]).sum::<u64>();
+            #[expect(clippy::cast_precision_loss, reason = "counts of thousands")]
+            let (before, during, after) = (sum(0) as f64, sum(1) as f64, sum(2) as f64);
+            let old = bound(from.1, from.0, old_end.max(change_end) - start);
+            assert!(
+                before <= old + during + in_flight,
+                "{from:?} → {to:?}, key {key}: {before} before the change > {old}"
+            );
+            // A held key keeps its capacity (and the tokens it had); a new
+            // one has the new factory's.
+            let capacity = if key < KEYS { from.1 } else { to.1 };
+            let new = bound(capacity, to.0, end - change_start);
+            assert!(
+                after <= new + during + in_flight,
+                "{from:?} → {to:?}, key {key}: {after} after the change > {new}"
+            );
+            if from == fast && key < KEYS {
+                // Hammered, the held keys are empty at the change: only the
+                // new rate refills them.
+                let tight = bound(0, to.0, end - change_start) + during + in_flight;
+                assert!(
+                    after <= tight,
+                    "key {key}: {after} after the change > {tight}"
+                );
+            }
+            assert!(after > 0.0, "{key}: the check is not empty");
+            if key < KEYS {
+                assert!(before > 0.0, "{key}: the check is not empty");
+            }
+        }
+    }
+}

@@ -4,7 +4,7 @@ use std::borrow::Borrow;
 use std::collections::hash_map::RandomState;
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, PoisonError, RwLock, Weak};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -23,6 +23,19 @@ enum Make<K, L> {
     Any(Arc<dyn Fn() -> Result<L, ConfigError> + Send + Sync>),
     /// From the key (its tier, say).
     PerKey(Arc<Factory<K, L>>),
+}
+
+impl<K, L: 'static> Make<K, L> {
+    /// The factory of a map: an `Any` factory is called once, to check it.
+    fn into_factory(self) -> Result<Arc<Factory<K, L>>, ConfigError> {
+        Ok(match self {
+            Make::Any(make) => {
+                drop(make()?);
+                Arc::new(move |_: &K| make())
+            }
+            Make::PerKey(make) => make,
+        })
+    }
 }
 
 impl<K, L> Clone for Make<K, L> {
@@ -88,7 +101,9 @@ impl<K, L, S> Clone for Keyed<K, L, S> {
 
 struct Inner<K, L, S> {
     map: ShardMap<K, L, S>,
-    factory: Box<Factory<K, L>>,
+    /// Read when a key is made (under its shard's write lock), replaced by
+    /// [`Keyed::set_limiter`].
+    factory: RwLock<Arc<Factory<K, L>>>,
     runtime: Option<tokio::runtime::Handle>,
     sweeper: Option<Arc<Notify>>,
     counters: Counters,
@@ -242,13 +257,7 @@ where
                 reason: "must be positive",
             });
         }
-        let factory: Box<Factory<K, L>> = match factory {
-            Make::Any(make) => {
-                drop(make()?);
-                Box::new(move |_: &K| make())
-            }
-            Make::PerKey(make) => Box::new(move |key: &K| make(key)),
-        };
+        let factory = RwLock::new(factory.into_factory()?);
         let runtime = tokio::runtime::Handle::try_current().ok();
         let notify = runtime
             .as_ref()
@@ -293,7 +302,8 @@ where
 
     fn make(&self, key: &K) -> Option<L> {
         let _entered = self.runtime.as_ref().map(tokio::runtime::Handle::enter);
-        match (self.factory)(key) {
+        let factory = Arc::clone(&self.factory.read().unwrap_or_else(PoisonError::into_inner));
+        match factory(key) {
             Ok(limiter) => Some(limiter),
             Err(error) => {
                 tracing::error!(%error, "keyed: the limiter factory failed");
@@ -540,6 +550,82 @@ where
         let mut stats = self.inner.map.stats();
         (stats.granted, stats.limited) = self.inner.counters.totals();
         stats
+    }
+
+    /// Replaces the factory: keys made from now on get its limiter. Keys
+    /// already held keep theirs, with their state, until they are dropped
+    /// as fresh; to change those too, [`for_each`](Self::for_each) with the
+    /// limiter's own setter (`set_rate`), whose rule for a limiter
+    /// mid-window applies. Together, the factory first:
+    ///
+    /// ```
+    /// use tokio_ratelimit::{Rate, TokenBucket, TryAcquireError, keyed::Keyed};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let bucket = |rate| move || TokenBucket::builder().rate(rate).capacity(1).build();
+    /// let per_user: Keyed<u64, TokenBucket> =
+    ///     Keyed::builder().limiter(bucket(Rate::per_second(1))).build().unwrap();
+    /// per_user.try_acquire(&1).unwrap();
+    ///
+    /// // From configuration: 10 per second from now on.
+    /// per_user.set_limiter(bucket(Rate::per_second(10))).unwrap();
+    /// per_user.for_each(|_, limiter| limiter.set_rate(Rate::per_second(10)).unwrap());
+    ///
+    /// // User 1 (held) and user 2 (new) both refill in 100 ms.
+    /// per_user.try_acquire(&2).unwrap();
+    /// for user in [1, 2] {
+    ///     let Err(TryAcquireError::Limited { retry_after }) = per_user.try_acquire(&user) else {
+    ///         panic!("user {user} has no permit left");
+    ///     };
+    ///     assert_eq!(retry_after.as_millis(), 100);
+    /// }
+    /// # }
+    /// ```
+    ///
+    /// A key made between the two calls gets the new factory's limiter,
+    /// and is passed to `f` as well: keys are made under their shard's
+    /// lock, which `for_each` takes in turn, so every key is either made by
+    /// the new factory or seen by `f`.
+    ///
+    /// # Errors
+    ///
+    /// Whatever the factory returns when called once, to check it (as
+    /// [`build`](KeyedBuilder::build) does); the map then keeps its factory.
+    pub fn set_limiter<F>(&self, factory: F) -> Result<(), ConfigError>
+    where
+        F: Fn() -> Result<L, ConfigError> + Send + Sync + 'static,
+    {
+        self.replace_factory(Make::Any(Arc::new(factory)).into_factory()?);
+        Ok(())
+    }
+
+    /// Replaces a [`limiter_for`](KeyedBuilder::limiter_for) factory (the
+    /// limiter from the key: its tier, say): as
+    /// [`set_limiter`](Self::set_limiter), without the check (the factory
+    /// is not called until a key is made).
+    pub fn set_limiter_for<F>(&self, factory: F)
+    where
+        F: Fn(&K) -> Result<L, ConfigError> + Send + Sync + 'static,
+    {
+        self.replace_factory(Arc::new(factory));
+    }
+
+    fn replace_factory(&self, factory: Arc<Factory<K, L>>) {
+        *self
+            .inner
+            .factory
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = factory;
+    }
+
+    /// Calls `f` with every key held and its limiter, a shard at a time
+    /// under its read lock: to change the limiters of live keys (after
+    /// [`set_limiter`](Self::set_limiter), say). Calls on other keys of
+    /// the shard `f` is in go on; a new key of that shard waits until `f`
+    /// is done with it, so `f` should be quick (a setter, not an `await`).
+    pub fn for_each(&self, f: impl FnMut(&K, &L)) {
+        self.inner.map.for_each(f);
     }
 
     /// Drops every fresh key now (the crate also does this on its own).

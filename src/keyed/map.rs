@@ -333,6 +333,17 @@ where
         evicted
     }
 
+    /// Calls `f` with every key held and its value, a shard at a time
+    /// under that shard's read lock (keys added to a shard already visited
+    /// are not seen).
+    pub(crate) fn for_each(&self, mut f: impl FnMut(&K, &V)) {
+        for shard in &self.shards {
+            for (k, v) in read(&shard.table).iter() {
+                f(k, v);
+            }
+        }
+    }
+
     /// Sweeps every shard at `now` (ns since the origin); returns the keys
     /// left.
     pub(crate) fn sweep_all(&self, now: u64, mut is_fresh: impl FnMut(&V, u64) -> bool) -> usize {
