@@ -374,6 +374,39 @@ impl SmoothState {
             .map(|(wait, _)| wait)
     }
 
+    /// [`try_reserve`](Self::try_reserve) for a meter, which only needs to
+    /// know whether it reserved: the same change of state, without the
+    /// wait or the span (the meter's caller goes at once either way), and
+    /// `now` and `timeout` in nanoseconds, in 64-bit arithmetic below 2⁶⁴
+    /// ps (213 days; the general path beyond).
+    #[inline]
+    pub(crate) fn try_take(&mut self, now: u64, permits: u32, timeout: u64) -> bool {
+        let (Some(now_ps), Some(timeout_ps)) = (now.checked_mul(1000), timeout.checked_mul(1000))
+        else {
+            return self
+                .try_reserve(
+                    Duration::from_nanos(now),
+                    permits,
+                    Duration::from_nanos(timeout),
+                )
+                .is_some();
+        };
+        if permits == 0 {
+            return true;
+        }
+        // `picos / unit`, as `in_units` divides: a microsecond is 1 000 ns.
+        let (now, timeout) = if self.unit == MICROS {
+            (u128::from(now / 1000), u128::from(timeout / 1000))
+        } else {
+            (u128::from(now_ps), u128::from(timeout_ps))
+        };
+        if in_units(self.next_free, self.unit) > now + timeout {
+            return false;
+        }
+        self.reserve_earliest_available(permits, now);
+        true
+    }
+
     /// Guava's `setRate`: changes the stable rate at `now`.
     ///
     /// Idle time up to `now` is first credited at the old rate; the debt
@@ -712,6 +745,7 @@ impl SmoothState {
     /// `reserveEarliestAvailable`: reserves and returns the moment the
     /// caller may go, in units.
     #[expect(clippy::cast_possible_truncation, reason = "Java's `(long)`")]
+    #[inline]
     fn reserve_earliest_available(&mut self, required_permits: u32, now: u128) -> u128 {
         let return_value = self.resync(now);
         let required_permits = f64::from(required_permits);
@@ -1336,6 +1370,45 @@ mod tests {
             s.next_free = picos;
             let want = u64::try_from(s.next_free().as_nanos()).unwrap_or(u64::MAX);
             assert_eq!(s.next_free_nanos(), want, "{picos} ps");
+        }
+    }
+}
+
+#[cfg(test)]
+mod try_take_tests {
+    use std::time::Duration;
+
+    use proptest::prelude::*;
+
+    use super::SmoothState;
+
+    proptest! {
+        /// The meter's `try_take` answers as `try_reserve` does and leaves
+        /// the same state, for both limiters, rates in microsecond and in
+        /// picosecond units, any history, and times past the 64-bit path
+        /// (213 days) too.
+        #[test]
+        fn try_take_is_try_reserve_without_the_wait(
+            warm in any::<bool>(),
+            rate in prop_oneof![0.5f64..50.0, 1e5f64..1e9],
+            history in proptest::collection::vec((0u64..3_000_000_000, 0u32..5, prop_oneof![Just(0u64), 0u64..3_000_000_000]), 0..40),
+            far in prop_oneof![Just(0u64), Just(250 * 86_400 * 1_000_000_000u64)],
+        ) {
+            let build = || if warm {
+                SmoothState::warming_up(rate, Duration::from_secs(2), 3.0).unwrap()
+            } else {
+                SmoothState::bursty(rate, Duration::from_secs(1)).unwrap()
+            };
+            let (mut a, mut b) = (build(), build());
+            let mut now = far;
+            for (step, permits, timeout) in history {
+                now += step;
+                let reserved = a
+                    .try_reserve(Duration::from_nanos(now), permits, Duration::from_nanos(timeout))
+                    .is_some();
+                prop_assert_eq!(b.try_take(now, permits, timeout), reserved);
+                prop_assert_eq!(&a, &b);
+            }
         }
     }
 }

@@ -151,16 +151,18 @@ impl Schedule for Smooth {
         // Others may have been granted while this caller waited for the
         // lock: if it now looks owed, look again with the clock read now.
         // (In nanoseconds as published: `next_free` divides in 128 bits.)
-        let now = if Duration::from_nanos(books.state.next_free_nanos()) > now {
+        let now = if books.state.next_free_nanos() > now_nanos {
             smooth.now()
         } else {
             now
         };
         let at = books.arrival(now);
+        // Nanoseconds from a `u64` reading (arrival is never later).
+        let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        let at_nanos = nanos(at);
         if books
             .state
-            .try_reserve(at, n, now.saturating_sub(at))
-            .is_some()
+            .try_take(at_nanos, n, nanos(now).saturating_sub(at_nanos))
         {
             books.changed();
             smooth.publish(books);
