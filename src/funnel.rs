@@ -76,6 +76,8 @@ impl FunnelBuilder {
     /// Names the limiter for its metrics: the `limiter` label of every
     /// series it records (see [`crate::metrics`]). Unnamed, it records
     /// none.
+    /// An empty name is refused by `build`
+    /// ([`ConfigError::InvalidParameter`]).
     #[cfg(feature = "metrics")]
     #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
     pub fn name(&mut self, name: impl Into<String>) -> &mut Self {
@@ -90,6 +92,7 @@ impl FunnelBuilder {
     /// [`ConfigError::MissingRate`], [`ConfigError::InvalidRate`],
     /// [`ConfigError::ZeroCapacity`].
     pub fn build(&self) -> Result<Funnel, ConfigError> {
+        self.name.check()?;
         let quota = Quota::configured(self.rate, self.capacity, self.quota)?;
         let engine = BucketEngine::start(
             Kind::Funnel,

@@ -100,6 +100,8 @@ impl LeakyBucketBuilder {
     /// Names the limiter for its metrics: the `limiter` label of every
     /// series it records (see [`crate::metrics`]). Unnamed, it records
     /// none.
+    /// An empty name is refused by `build`
+    /// ([`ConfigError::InvalidParameter`]).
     #[cfg(feature = "metrics")]
     #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
     pub fn name(&mut self, name: impl Into<String>) -> &mut Self {
@@ -117,6 +119,7 @@ impl LeakyBucketBuilder {
     /// [`ConfigError::ZeroCapacity`], and [`ConfigError::NoRuntime`]
     /// outside a tokio runtime.
     pub fn build(&self) -> Result<LeakyBucket, ConfigError> {
+        self.name.check()?;
         let quota = Quota::configured(self.rate, self.capacity, self.quota)?;
         let engine = BucketEngine::start(
             Kind::LeakyBucket,

@@ -259,6 +259,20 @@ impl Name {
         self.name.as_deref()
     }
 
+    /// Refuses an empty name: a `limiter=""` label is a mistake (an unset
+    /// variable, say) that would merge every limiter so named into one
+    /// series.
+    pub(crate) fn check(&self) -> Result<(), crate::ConfigError> {
+        #[cfg(feature = "metrics")]
+        if self.name.as_deref().is_some_and(str::is_empty) {
+            return Err(crate::ConfigError::InvalidParameter {
+                name: "name",
+                reason: "must not be empty",
+            });
+        }
+        Ok(())
+    }
+
     /// The limiter's meter (a keyed map's when `keyed`).
     pub(crate) fn slot(&self, keyed: bool) -> Slot {
         #[cfg(feature = "metrics")]

@@ -99,6 +99,8 @@ impl TokenBucketBuilder {
     /// Names the limiter for its metrics: the `limiter` label of every
     /// series it records (see [`crate::metrics`]). Unnamed, it records
     /// none.
+    /// An empty name is refused by `build`
+    /// ([`ConfigError::InvalidParameter`]).
     #[cfg(feature = "metrics")]
     #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
     pub fn name(&mut self, name: impl Into<String>) -> &mut Self {
@@ -117,6 +119,7 @@ impl TokenBucketBuilder {
     /// [`ConfigError::InitialExceedsCapacity`], and
     /// [`ConfigError::NoRuntime`] outside a tokio runtime.
     pub fn build(&self) -> Result<TokenBucket, ConfigError> {
+        self.name.check()?;
         let quota = Quota::configured(self.rate, self.capacity, self.quota)?;
         let capacity = quota.capacity();
         let initial = self.initial.unwrap_or(capacity);

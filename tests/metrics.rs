@@ -12,7 +12,8 @@ use std::time::Duration;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
 use tokio_ratelimit::keyed::{Keyed, KeyedFunnel};
 use tokio_ratelimit::{
-    AcquireError, Funnel, LeakyBucket, Rate, SmoothBursty, TokenBucket, TryAcquireError,
+    AcquireError, ConfigError, Funnel, LeakyBucket, Rate, SmoothBursty, SmoothWarmingUp,
+    TokenBucket, TryAcquireError,
 };
 use tokio_test::{assert_pending, assert_ready, task};
 
@@ -259,4 +260,78 @@ async fn a_keyed_map_of_buckets_records_answers_and_keys() {
     map.acquire(&1).await.unwrap();
     assert_eq!(m.outcomes("keyed"), [2.0, 1.0, 0.0, 0.0, 0.0, 1.0]);
     assert_eq!(m.of("tokio_ratelimit_keys", "keyed"), 1.0);
+}
+
+/// An empty name is refused at build, by every builder: a `limiter=""`
+/// label would merge every limiter so named into one series.
+#[tokio::test(start_paused = true)]
+async fn an_empty_name_is_refused_at_build() {
+    let empty = |e: ConfigError| {
+        assert!(
+            matches!(e, ConfigError::InvalidParameter { name: "name", .. }),
+            "{e:?}"
+        );
+    };
+    let rate = Rate::per_second(10);
+    empty(
+        TokenBucket::builder()
+            .rate(rate)
+            .capacity(1)
+            .name("")
+            .build()
+            .unwrap_err(),
+    );
+    empty(
+        LeakyBucket::builder()
+            .rate(rate)
+            .capacity(1)
+            .name("")
+            .build()
+            .unwrap_err(),
+    );
+    empty(
+        Funnel::builder()
+            .rate(rate)
+            .capacity(1)
+            .name("")
+            .build()
+            .unwrap_err(),
+    );
+    empty(
+        SmoothBursty::builder()
+            .permits_per_second(10.0)
+            .name("")
+            .build()
+            .unwrap_err(),
+    );
+    empty(
+        SmoothWarmingUp::builder()
+            .permits_per_second(10.0)
+            .warmup(Duration::from_secs(1))
+            .name("")
+            .build()
+            .unwrap_err(),
+    );
+    empty(
+        KeyedFunnel::<u64>::builder()
+            .rate(rate)
+            .capacity(1)
+            .name("")
+            .build()
+            .unwrap_err(),
+    );
+    empty(
+        Keyed::<u64, Funnel>::builder()
+            .limiter(move || Funnel::builder().rate(rate).capacity(1).build())
+            .name("")
+            .build()
+            .unwrap_err(),
+    );
+    // A name is taken as given otherwise, a space included.
+    TokenBucket::builder()
+        .rate(rate)
+        .capacity(1)
+        .name(" ")
+        .build()
+        .unwrap();
 }

@@ -598,3 +598,63 @@ async fn a_band_says_when_its_next_permit_comes() {
         [(4, ms(0), ms(0)), (0, ms(18_500), ms(58_500))]
     );
 }
+
+/// `set_limiter_for` replaces a per-key factory while the map serves: keys
+/// made afterwards are the new factory's, keys held keep their limiter
+/// (and its state) until `for_each` reaches them; a key made between the
+/// two calls is the new factory's and is reached too (`set_rate` on it is
+/// then a no-op).
+#[tokio::test(start_paused = true)]
+async fn set_limiter_for_changes_new_keys_and_for_each_the_held_ones() {
+    let per_key = |per_second: u32| {
+        move |key: &String| {
+            // "vip" keys get ten times the rate of the others.
+            let scale = if key.starts_with("vip") { 10 } else { 1 };
+            TokenBucket::builder()
+                .rate(Rate::per_second(per_second * scale))
+                .capacity(1)
+                .build()
+        }
+    };
+    let keyed: Keyed<String, TokenBucket> =
+        Keyed::builder().limiter_for(per_key(1)).build().unwrap();
+    let wait = |key: &str| match keyed.try_acquire(key) {
+        Err(TryAcquireError::Limited { retry_after }) => retry_after,
+        other => panic!("{key}: {other:?}"),
+    };
+    for key in ["a", "vip-a"] {
+        keyed.try_acquire(key).unwrap();
+    }
+    assert_eq!(
+        (wait("a"), wait("vip-a")),
+        (Duration::from_secs(1), Duration::from_millis(100))
+    );
+
+    // Four times the rates, for keys made from now on.
+    keyed.set_limiter_for(per_key(4));
+    for key in ["b", "vip-b"] {
+        keyed.try_acquire(key).unwrap();
+    }
+    assert_eq!(
+        (wait("b"), wait("vip-b")),
+        (Duration::from_millis(250), Duration::from_millis(25))
+    );
+    // Held keys keep their rate (and their state) until reached.
+    assert_eq!(wait("a"), Duration::from_secs(1));
+
+    let mut reached = Vec::new();
+    keyed.for_each(|key, bucket| {
+        reached.push(key.clone());
+        let scale = if key.starts_with("vip") { 10 } else { 1 };
+        bucket.set_rate(Rate::per_second(4 * scale)).unwrap();
+    });
+    reached.sort();
+    assert_eq!(reached, ["a", "b", "vip-a", "vip-b"]);
+    // The token "a" lacks now refills at the new rate.
+    assert_eq!(
+        (wait("a"), wait("vip-a")),
+        (Duration::from_millis(250), Duration::from_millis(25))
+    );
+    time::advance(Duration::from_millis(250)).await;
+    keyed.try_acquire("a").unwrap();
+}

@@ -222,6 +222,8 @@ where
     /// Names the map for its metrics: the `limiter` label of every series
     /// it records, its key count included (see [`crate::metrics`]).
     /// Unnamed, it records none.
+    /// An empty name is refused by `build`
+    /// ([`ConfigError::InvalidParameter`]).
     #[cfg(feature = "metrics")]
     #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
     pub fn name(&mut self, name: impl Into<String>) -> &mut Self {
@@ -239,6 +241,7 @@ where
     /// [`ConfigError::InvalidParameter`] without a factory or with a zero
     /// `max_keys` or `sweep_interval`; whatever the factory returns.
     pub fn build(&self) -> Result<Keyed<K, L, S>, ConfigError> {
+        self.name.check()?;
         let Some(factory) = self.factory.clone() else {
             return Err(ConfigError::InvalidParameter {
                 name: "limiter",

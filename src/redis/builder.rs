@@ -218,6 +218,8 @@ impl RedisFunnelBuilder {
     /// series, its [`RedisStats`](super::RedisStats) counters and its
     /// decisions' latency (see [`crate::metrics`]). Unnamed, it records
     /// none.
+    /// An empty name is refused by `build`
+    /// ([`ConfigError::InvalidParameter`]).
     #[cfg(feature = "metrics")]
     #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
     pub fn name(&mut self, name: impl Into<String>) -> &mut Self {
@@ -245,6 +247,7 @@ impl RedisFunnelBuilder {
     ///
     /// Dropping the future leaves nothing behind but the loaded script.
     pub async fn build(&self) -> Result<RedisFunnel, RedisBuildError> {
+        self.name.check()?;
         let quota = Quota::configured(self.rate, self.capacity, self.quota)?;
         let encoded = Encoded::new(&quota)?;
         for (name, t) in [

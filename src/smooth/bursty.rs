@@ -128,6 +128,8 @@ impl SmoothBurstyBuilder {
     /// Names the limiter for its metrics: the `limiter` label of every
     /// series it records (see [`crate::metrics`]). Unnamed, it records
     /// none.
+    /// An empty name is refused by `build`
+    /// ([`ConfigError::InvalidParameter`]).
     #[cfg(feature = "metrics")]
     #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
     pub fn name(&mut self, name: impl Into<String>) -> &mut Self {
@@ -159,6 +161,7 @@ impl SmoothBurstyBuilder {
     /// assert_eq!(SmoothBursty::builder().build().unwrap_err(), ConfigError::MissingRate);
     /// ```
     pub fn build(&self) -> Result<SmoothBursty, ConfigError> {
+        self.name.check()?;
         let rate = self.permits_per_second.ok_or(ConfigError::MissingRate)?;
         let state = SmoothState::bursty(rate, self.max_burst)?;
         Ok(SmoothBursty {

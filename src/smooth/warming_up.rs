@@ -112,6 +112,8 @@ impl SmoothWarmingUpBuilder {
     /// Names the limiter for its metrics: the `limiter` label of every
     /// series it records (see [`crate::metrics`]). Unnamed, it records
     /// none.
+    /// An empty name is refused by `build`
+    /// ([`ConfigError::InvalidParameter`]).
     #[cfg(feature = "metrics")]
     #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
     pub fn name(&mut self, name: impl Into<String>) -> &mut Self {
@@ -146,6 +148,7 @@ impl SmoothWarmingUpBuilder {
     /// assert_eq!(limiter.rate(), 50.0);
     /// ```
     pub fn build(&self) -> Result<SmoothWarmingUp, ConfigError> {
+        self.name.check()?;
         let rate = self.permits_per_second.ok_or(ConfigError::MissingRate)?;
         let warmup = self.warmup.ok_or(ConfigError::InvalidParameter {
             name: "warmup",

@@ -174,6 +174,8 @@ where
     /// Names the map for its metrics: the `limiter` label of every series
     /// it records, its key count included (see [`crate::metrics`]).
     /// Unnamed, it records none.
+    /// An empty name is refused by `build`
+    /// ([`ConfigError::InvalidParameter`]).
     #[cfg(feature = "metrics")]
     #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
     pub fn name(&mut self, name: impl Into<String>) -> &mut Self {
@@ -191,6 +193,7 @@ where
     /// [`ConfigError::ZeroCapacity`]; [`ConfigError::InvalidParameter`] for
     /// a zero `max_keys` or `sweep_interval`.
     pub fn build(&self) -> Result<KeyedFunnel<K, S>, ConfigError> {
+        self.name.check()?;
         let default = Quota::configured(self.rate, self.capacity, self.quota)?;
         if self.max_keys == 0 {
             return Err(ConfigError::InvalidParameter {
