@@ -665,6 +665,26 @@ async fn late_wake_credit_is_not_idle_time() {
     assert!(limiter.stored_permits() > before);
 }
 
+#[tokio::test(start_paused = true)]
+async fn late_wake_credit_holds_for_try_acquire_too() {
+    // As above, the caller coming back with `try_acquire` (the meter's
+    // path): a warm-up limiter at 100 000/s cools by a permit per 10 µs of
+    // idle time, so the 970 µs the waiter overslept would add about 97
+    // cold permits; taken as on time, the grant only spends one.
+    let limiter = warming_up(100_000.0, ms(10), 3.0);
+    limiter.acquire().await.unwrap();
+    let start = Instant::now();
+    limiter.acquire().await.unwrap(); // due at ~30 µs, wakes at 1 ms
+    assert_eq!(start.elapsed(), ms(1), "woken on the tick");
+    let before = limiter.stored_permits();
+    limiter.try_acquire().unwrap();
+    let after = limiter.stored_permits();
+    assert!(
+        after <= before,
+        "{after} > {before}: the late wake cooled it"
+    );
+}
+
 #[test]
 fn handles_and_futures_are_send_sync() {
     fn send_sync<T: Send + Sync + Clone + std::fmt::Debug + Unpin + 'static>(_: &T) {}

@@ -136,13 +136,11 @@ impl Schedule for Smooth {
         // predate the grant that published the ticket, and a grant made a
         // moment ago would read as debt. A ticket about to move back reads
         // as a refusal just before that change.
-        // (In nanoseconds: a `Duration` is made only for the answer.)
         let owed = smooth.next_free.load(Ordering::Acquire);
         let now_nanos = smooth.origin.elapsed_nanos();
         if owed > now_nanos {
             return Err(Some(Duration::from_nanos(owed - now_nanos)));
         }
-        let now = Duration::from_nanos(now_nanos);
         let mut queue = engine.lock();
         if smooth.is_closed() {
             return Err(None);
@@ -150,25 +148,31 @@ impl Schedule for Smooth {
         let books = &mut queue.books;
         // Others may have been granted while this caller waited for the
         // lock: if it now looks owed, look again with the clock read now.
-        // (In nanoseconds as published: `next_free` divides in 128 bits.)
-        let now = if books.state.next_free_nanos() > now_nanos {
-            smooth.now()
+        // (In nanoseconds throughout: a `Duration` is made only for a
+        // refusal, or inside the rare credit window.)
+        let now_nanos = if books.state.next_free_nanos() > now_nanos {
+            smooth.origin.elapsed_nanos()
         } else {
-            now
+            now_nanos
         };
-        let at = books.arrival(now);
-        // Nanoseconds from a `u64` reading (arrival is never later).
-        let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
-        let at_nanos = nanos(at);
-        if books
-            .state
-            .try_take(at_nanos, n, nanos(now).saturating_sub(at_nanos))
-        {
+        let at = if u128::from(now_nanos) < books.credit_until.as_nanos() {
+            let at = books.arrival(Duration::from_nanos(now_nanos));
+            // Never later than `now_nanos`, so it fits.
+            u64::try_from(at.as_nanos()).unwrap_or(now_nanos)
+        } else {
+            now_nanos
+        };
+        if books.state.try_take(at, n, now_nanos - at) {
             books.changed();
             smooth.publish(books);
             Ok(())
         } else {
-            Err(Some(books.state.next_free().saturating_sub(now)))
+            Err(Some(
+                books
+                    .state
+                    .next_free()
+                    .saturating_sub(Duration::from_nanos(now_nanos)),
+            ))
         }
     }
 
