@@ -98,6 +98,13 @@ impl std::fmt::Debug for Slot {
     }
 }
 
+#[cfg_attr(
+    not(feature = "metrics"),
+    expect(
+        clippy::unused_self,
+        reason = "without the feature a slot is zero-sized and records nothing"
+    )
+)]
 impl Slot {
     /// The meter of a limiter named `name` (a keyed map's when `keyed`);
     /// none when unnamed.
@@ -246,6 +253,14 @@ pub(crate) struct Name {
     name: Option<String>,
 }
 
+#[cfg_attr(
+    not(feature = "metrics"),
+    expect(
+        clippy::unused_self,
+        clippy::unnecessary_wraps,
+        reason = "without the feature a name is kept nowhere and always valid"
+    )
+)]
 impl Name {
     /// Names the limiter.
     #[cfg(feature = "metrics")]

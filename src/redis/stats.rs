@@ -128,6 +128,10 @@ impl Counters {
     }
 
     /// When a round trip started, for a named limiter.
+    #[cfg_attr(
+        not(feature = "metrics"),
+        expect(clippy::unused_self, reason = "nothing is timed without the feature")
+    )]
     pub(super) fn started(&self) -> Option<tokio::time::Instant> {
         #[cfg(feature = "metrics")]
         if self.latency.is_some() {
@@ -137,6 +141,10 @@ impl Counters {
     }
 
     /// A round trip that began at `started` ended.
+    #[cfg_attr(
+        not(feature = "metrics"),
+        expect(clippy::unused_self, reason = "nothing is timed without the feature")
+    )]
     pub(super) fn round_trip(&self, started: Option<tokio::time::Instant>) {
         #[cfg(feature = "metrics")]
         if let (Some(latency), Some(started)) = (&self.latency, started) {
