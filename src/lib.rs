@@ -194,8 +194,10 @@
 //! # Features
 //!
 //! * `fast-clock` (default) — limiters built outside a paused runtime read
-//!   the CPU's counter (through `quanta`, kept on the OS monotonic clock)
-//!   instead of `clock_gettime`: about 10 ns a call less on x86-64. Used
+//!   the CPU's counter (`rdtsc` on x86-64, the crate's one `unsafe` block;
+//!   `quanta` elsewhere and for its first calibration), kept on the OS
+//!   monotonic clock, instead of `clock_gettime`: about 10 ns a call less
+//!   on x86-64. Used
 //!   on Linux only where the kernel's own clocksource is that counter (`tsc`,
 //!   `arch_sys_counter`); elsewhere, without the feature, or with
 //!   `TOKIO_RATELIMIT_CLOCK=system` in the environment, limiters read
