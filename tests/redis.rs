@@ -721,6 +721,14 @@ async fn build_errors() {
             ..
         }))
     ));
+    // An empty metrics name, before any connection.
+    assert!(matches!(
+        b(url).capacity(1).name("").build().await,
+        Err(RedisBuildError::Config(ConfigError::InvalidParameter {
+            name: "name",
+            ..
+        }))
+    ));
     assert!(matches!(
         b("not a url").build().await,
         Err(RedisBuildError::Redis(_))
