@@ -658,3 +658,31 @@ async fn set_limiter_for_changes_new_keys_and_for_each_the_held_ones() {
     time::advance(Duration::from_millis(250)).await;
     keyed.try_acquire("a").unwrap();
 }
+
+/// A factory that fails when `set_limiter` checks it is refused with its
+/// error, and the map keeps its factory: new keys still get the old limiter.
+#[tokio::test(start_paused = true)]
+async fn set_limiter_refuses_a_failing_factory_and_keeps_its_own() {
+    let keyed: Keyed<u64, Funnel> = Keyed::builder()
+        .limiter(|| {
+            Funnel::builder()
+                .rate(Rate::per_second(1))
+                .capacity(2)
+                .build()
+        })
+        .build()
+        .unwrap();
+    let refused = keyed.set_limiter(|| {
+        Funnel::builder()
+            .rate(Rate::per_second(1))
+            .capacity(0)
+            .build()
+    });
+    assert!(
+        matches!(refused, Err(ConfigError::ZeroCapacity)),
+        "{refused:?}"
+    );
+    // Key 7 is new: the old factory's funnel, capacity 2.
+    keyed.try_acquire_many(&7, 2).unwrap();
+    assert!(keyed.try_acquire(&7).is_err());
+}
