@@ -379,32 +379,65 @@ impl SmoothState {
     /// wait or the span (the meter's caller goes at once either way), and
     /// `now` and `timeout` in nanoseconds, in 64-bit arithmetic below 2⁶⁴
     /// ps (213 days; the general path beyond).
+    ///
+    /// A bursty limiter's grant paid entirely from stored permits (the
+    /// common case of an allowed call) is decided by a branch: its stored
+    /// permits are free, so the ticket stays where the resync left it, and
+    /// nothing but the stored permits waits on the floating-point
+    /// arithmetic. Computed as `reserve_earliest_available` would (spend
+    /// `min(n, stored) = n`, no fresh permits, a zero cost), so bit for
+    /// bit the same state, which `try_take_tests` checks.
     #[inline]
     pub(crate) fn try_take(&mut self, now: u64, permits: u32, timeout: u64) -> bool {
-        let (Some(now_ps), Some(timeout_ps)) = (now.checked_mul(1000), timeout.checked_mul(1000))
-        else {
-            return self
-                .try_reserve(
-                    Duration::from_nanos(now),
-                    permits,
-                    Duration::from_nanos(timeout),
-                )
-                .is_some();
+        let (Some(now_ps), Some(timeout_ps), Ok(next_free)) = (
+            now.checked_mul(1000),
+            timeout.checked_mul(1000),
+            u64::try_from(self.next_free),
+        ) else {
+            return self.try_take_wide(now, permits, timeout);
         };
         if permits == 0 {
             return true;
         }
         // `picos / unit`, as `in_units` divides: a microsecond is 1 000 ns.
-        let (now, timeout) = if self.unit == MICROS {
-            (u128::from(now / 1000), u128::from(timeout / 1000))
+        let micros = self.unit == MICROS;
+        let (now, timeout, ticket) = if micros {
+            (now / 1000, timeout / 1000, next_free / 1_000_000)
         } else {
-            (u128::from(now_ps), u128::from(timeout_ps))
+            (now_ps, timeout_ps, next_free)
         };
-        if in_units(self.next_free, self.unit) > now + timeout {
+        if ticket > now.saturating_add(timeout) {
             return false;
         }
-        self.reserve_earliest_available(permits, now);
+        // `resync`, in 64 bits: `now × unit` is at most `now_ps`.
+        if now > ticket {
+            if self.max_permits > 0.0 {
+                #[expect(clippy::cast_precision_loss, reason = "Java's `long` to `double`")]
+                let idle = (now - ticket) as f64;
+                let new_permits = idle / self.cool_down_interval();
+                self.stored_permits = self.max_permits.min(self.stored_permits + new_permits);
+            }
+            self.next_free = u128::from(if micros { now * 1_000_000 } else { now });
+        }
+        let required = f64::from(permits);
+        if matches!(self.kind, Kind::Bursty { .. }) && self.stored_permits >= required {
+            self.stored_permits -= required;
+            return true;
+        }
+        self.spend(permits);
         true
+    }
+
+    /// [`try_take`](Self::try_take) past 2⁶⁴ ps, through `try_reserve`.
+    #[cold]
+    #[inline(never)]
+    fn try_take_wide(&mut self, now: u64, permits: u32, timeout: u64) -> bool {
+        self.try_reserve(
+            Duration::from_nanos(now),
+            permits,
+            Duration::from_nanos(timeout),
+        )
+        .is_some()
     }
 
     /// Guava's `setRate`: changes the stable rate at `now`.
@@ -744,10 +777,19 @@ impl SmoothState {
 
     /// `reserveEarliestAvailable`: reserves and returns the moment the
     /// caller may go, in units.
-    #[expect(clippy::cast_possible_truncation, reason = "Java's `(long)`")]
     #[inline]
     fn reserve_earliest_available(&mut self, required_permits: u32, now: u128) -> u128 {
         let return_value = self.resync(now);
+        self.spend(required_permits);
+        return_value
+    }
+
+    /// The rest of `reserveEarliestAvailable`, after the resync: spends
+    /// stored permits first, then pushes the next free ticket forward by
+    /// the cost.
+    #[expect(clippy::cast_possible_truncation, reason = "Java's `(long)`")]
+    #[inline]
+    fn spend(&mut self, required_permits: u32) {
         let required_permits = f64::from(required_permits);
         let stored_permits_to_spend = required_permits.min(self.stored_permits);
         let fresh_permits = required_permits - stored_permits_to_spend;
@@ -758,7 +800,6 @@ impl SmoothState {
         let wait = u128::try_from(wait).unwrap_or(0);
         self.next_free = (self.next_free + wait * self.unit).min(LATEST);
         self.stored_permits -= stored_permits_to_spend;
-        return_value
     }
 
     /// `storedPermitsToWaitTime`: the cost of taking `permits_to_take`
