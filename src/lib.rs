@@ -194,7 +194,7 @@
 //! # Features
 //!
 //! * `fast-clock` (default) — limiters built outside a paused runtime read
-//!   the CPU's counter (`rdtsc` on x86-64, the crate's one `unsafe` block;
+//!   the CPU's counter (`rdtsc` on x86-64, the crate's `unsafe` code;
 //!   `quanta` elsewhere and for its first calibration), kept on the OS
 //!   monotonic clock, instead of `clock_gettime`: about 10 ns a call less
 //!   on x86-64. Used

@@ -60,6 +60,11 @@ const STEP: Duration = Duration::from_millis(1);
 pub(crate) trait Source {
     /// The counter now.
     fn counter(&self) -> u64;
+    /// The counter now, read after every load and store before it has
+    /// completed (see [`Fast::since_ordered`]).
+    fn counter_ordered(&self) -> u64 {
+        self.counter()
+    }
     /// The OS monotonic clock now, in nanoseconds.
     fn os_nanos(&self) -> Option<u64>;
     /// Nanoseconds per 2³² counts, as first estimated.
@@ -74,6 +79,10 @@ impl Source for Tsc {
     #[inline]
     fn counter(&self) -> u64 {
         read_counter(&self.0)
+    }
+
+    fn counter_ordered(&self) -> u64 {
+        read_counter_ordered(&self.0)
     }
 
     fn os_nanos(&self) -> Option<u64> {
@@ -102,11 +111,40 @@ fn read_counter(_: &quanta::Clock) -> u64 {
     // intrinsic. quanta's `Counter::now` is exactly this call.
     #[expect(
         unsafe_code,
-        reason = "the crate's one unsafe block: an intrinsic with no preconditions"
+        reason = "one of the crate's two unsafe blocks, both here: an intrinsic with no preconditions"
     )]
     unsafe {
         std::arch::x86_64::_rdtsc()
     }
+}
+
+/// [`read_counter`] after every earlier load and store has completed:
+/// `mfence` completes them and `lfence` keeps `rdtsc` from starting before
+/// (`rdtsc` alone may run ahead of loads before it, and read a time
+/// earlier than an event those loads saw). Linux's `rdtsc_ordered` fences
+/// the same way, with the fence each vendor documents; both are here.
+#[cfg(target_arch = "x86_64")]
+fn read_counter_ordered(_: &quanta::Clock) -> u64 {
+    // SAFETY: as `read_counter`'s; the fences have no preconditions either
+    // (SSE2 is part of x86-64) and touch no memory.
+    #[expect(
+        unsafe_code,
+        reason = "intrinsics with no preconditions, as in `read_counter`"
+    )]
+    unsafe {
+        std::arch::x86_64::_mm_mfence();
+        std::arch::x86_64::_mm_lfence();
+        std::arch::x86_64::_rdtsc()
+    }
+}
+
+/// [`read_counter`] elsewhere: after a fence, which orders memory but, on
+/// aarch64, not the counter's read (that takes an `isb`, which quanta does
+/// not expose); a best effort.
+#[cfg(not(target_arch = "x86_64"))]
+fn read_counter_ordered(clock: &quanta::Clock) -> u64 {
+    std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+    clock.raw()
 }
 
 /// The counter elsewhere: quanta's (`cntvct_el0` on aarch64).
@@ -223,7 +261,21 @@ impl<S: Source> Fast<S> {
     /// in 64 bits; the rare one that is not takes the slow path).
     #[inline]
     pub(crate) fn since(&self, origin: u64) -> u64 {
-        let count = self.source.counter();
+        self.since_count(origin, self.source.counter())
+    }
+
+    /// [`since`](Self::since), with the counter read only once every load
+    /// and store before this call has completed: a time at least that of
+    /// any event those loads saw (a grant another thread made under a lock
+    /// this thread has just taken). Several times the cost of `since`; for
+    /// the rare checks that need it.
+    pub(crate) fn since_ordered(&self, origin: u64) -> u64 {
+        self.since_count(origin, self.source.counter_ordered())
+    }
+
+    /// [`since`](Self::since) for the counter reading `count`.
+    #[inline]
+    fn since_count(&self, origin: u64, count: u64) -> u64 {
         let seq = self.seq.load(Ordering::Acquire);
         let segment = self.segment();
         // Order the three loads before the check that validates them.
@@ -528,8 +580,18 @@ mod tests {
         let os = || Tsc(quanta::Clock::new()).os_nanos().unwrap();
         let mut last = fast.now();
         let start = std::time::Instant::now();
+        // Both reads, the ordered one every other time.
+        let mut ordered = false;
         while start.elapsed() < Duration::from_millis(300) {
-            let (before, t, after) = (os(), fast.now(), os());
+            ordered = !ordered;
+            let read = || {
+                if ordered {
+                    fast.since_ordered(0)
+                } else {
+                    fast.now()
+                }
+            };
+            let (before, t, after) = (os(), read(), os());
             assert!(t >= last);
             last = t;
             // Within 100 µs of the OS clock read around it (a reader may be

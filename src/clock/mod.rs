@@ -147,6 +147,21 @@ impl Origin {
         self.elapsed_nanos_other()
     }
 
+    /// [`elapsed_nanos`](Self::elapsed_nanos), read only once every load
+    /// and store before it has completed (see
+    /// [`Fast::since_ordered`](fast::Fast::since_ordered)): at least the
+    /// time of any event this thread has seen. tokio's clock is std's,
+    /// which the OS reads in order already.
+    pub(crate) fn elapsed_nanos_ordered(&self) -> u64 {
+        #[cfg(feature = "fast-clock")]
+        if self.raw & FAST != 0 {
+            if let Some(fast) = fast::get() {
+                return fast.since_ordered(self.raw & !FAST);
+            }
+        }
+        self.elapsed_nanos_other()
+    }
+
     /// [`elapsed_nanos`](Self::elapsed_nanos) on tokio's clock (or a
     /// test's fake one): out of line, so that the fast clock's path is
     /// short enough to inline (and `cold`, so that it is laid out after

@@ -35,7 +35,8 @@ pub(crate) struct Smooth {
     /// Set under the lock; read without it on the fast checks.
     closed: AtomicBool,
     /// The state's next free ticket, in nanoseconds since the origin
-    /// (rounded up), published under the lock after every change: a
+    /// (rounded up), published under the lock after every change when it
+    /// is a debt (after the time of the change; 0 otherwise): a
     /// `try_acquire` that comes before it owes, and is refused without the
     /// lock (see [`Smooth::try_take`]).
     next_free: AtomicU64,
@@ -98,10 +99,18 @@ impl Smooth {
     }
 
     /// Publishes the state's next free ticket for the lock-free refusals;
-    /// called under the lock after every change of the state.
-    fn publish(&self, books: &Books) {
-        self.next_free
-            .store(books.state.next_free_nanos(), Ordering::Release);
+    /// called under the lock after every change of the state, made at
+    /// `now` (ns since the origin).
+    ///
+    /// Only a debt is published: a ticket after `now`. A ticket at or
+    /// before it (a grant that spent stored permits leaves it at the time
+    /// of the grant) owes nothing to anyone who comes after the change;
+    /// published, it would refuse a caller whose clock, read a moment
+    /// before the change landed, reads earlier than the change's.
+    fn publish(&self, books: &Books, now: u64) {
+        let ticket = books.state.next_free_nanos();
+        let owed = if ticket > now { ticket } else { 0 };
+        self.next_free.store(owed, Ordering::Release);
     }
 }
 
@@ -132,9 +141,10 @@ impl Schedule for Smooth {
         // A caller that comes before the next free ticket owes: refused
         // without the lock, with what the locked path would say (the ticket
         // is after `now`, so after the arrival time too, which is never
-        // later). The clock is read after the ticket: read before, it may
-        // predate the grant that published the ticket, and a grant made a
-        // moment ago would read as debt. A ticket about to move back reads
+        // later). Only a debt is published (see `publish`): the ticket is
+        // after the time of the change that left it, so the refusal holds
+        // even if this clock reads earlier than that change's (the counter
+        // is not ordered with the load). A ticket about to move back reads
         // as a refusal just before that change.
         let owed = smooth.next_free.load(Ordering::Acquire);
         let now_nanos = smooth.origin.elapsed_nanos();
@@ -147,11 +157,13 @@ impl Schedule for Smooth {
         }
         let books = &mut queue.books;
         // Others may have been granted while this caller waited for the
-        // lock: if it now looks owed, look again with the clock read now.
-        // (In nanoseconds throughout: a `Duration` is made only for a
-        // refusal, or inside the rare credit window.)
+        // lock: if it now looks owed, look again with the clock read now,
+        // after the lock (an ordered read: a counter read early could be
+        // earlier than the grant the lock has just shown, which would
+        // read as a debt). (In nanoseconds throughout: a `Duration` is
+        // made only for a refusal, or inside the rare credit window.)
         let now_nanos = if books.state.next_free_nanos() > now_nanos {
-            smooth.origin.elapsed_nanos()
+            smooth.origin.elapsed_nanos_ordered()
         } else {
             now_nanos
         };
@@ -164,7 +176,7 @@ impl Schedule for Smooth {
         };
         if books.state.try_take(at, n, now_nanos - at) {
             books.changed();
-            smooth.publish(books);
+            smooth.publish(books, now_nanos);
             Ok(())
         } else {
             Err(Some(
@@ -207,7 +219,7 @@ impl Schedule for Smooth {
             }
         };
         let (previous, version) = books.changed();
-        self.publish(books);
+        self.publish(books, nanos(now));
         // `None`: beyond `Duration::MAX`, never due.
         let due = at.checked_add(wait);
         let turn = Turn {
@@ -266,11 +278,11 @@ impl Schedule for Smooth {
         if books.version == turn.version {
             books.state.undo(turn.before);
             books.version = turn.previous;
-            self.publish(books);
+            self.publish(books, nanos(*now));
             return false;
         }
         let given = books.state.give_back(*now, turn.span);
-        self.publish(books);
+        self.publish(books, nanos(*now));
         if given == 0 {
             return false;
         }
@@ -354,11 +366,12 @@ impl Engine<Smooth> {
     pub(super) fn set_rate(&self, permits_per_second: f64) -> Result<(), ConfigError> {
         self.change(|smooth, queue| {
             let books = &mut queue.books;
-            let at = books.arrival(smooth.now());
+            let now = smooth.now();
+            let at = books.arrival(now);
             let changed = books.state.set_rate(at, permits_per_second);
             if changed.is_ok() {
                 books.changed();
-                smooth.publish(books);
+                smooth.publish(books, nanos(now));
             }
             (changed, false)
         })?;
@@ -369,4 +382,9 @@ impl Engine<Smooth> {
         );
         Ok(())
     }
+}
+
+/// A time since the origin in nanoseconds, `u64::MAX` beyond (584 years).
+fn nanos(t: Duration) -> u64 {
+    u64::try_from(t.as_nanos()).unwrap_or(u64::MAX)
 }
