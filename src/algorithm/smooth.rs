@@ -185,7 +185,11 @@ pub struct SmoothState {
     rate: f64,
     /// Picoseconds per unit of time: [`MICROS`] (Guava's), or 1 when the
     /// stable interval is below a microsecond.
-    unit: u128,
+    unit: u64,
+    /// What one permit costs a full limiter, in units: the next free
+    /// ticket's step for the meter's usual grant (see
+    /// [`try_take`](Self::try_take)), computed at each rate.
+    full_cost: u64,
     /// Guava's `stableIntervalMicros`, in units.
     stable_interval: f64,
     /// Guava's `storedPermits`.
@@ -309,7 +313,8 @@ impl SmoothState {
     fn create(permits_per_second: f64, kind: Kind) -> Result<SmoothState, ConfigError> {
         let mut state = SmoothState {
             rate: 0.0,
-            unit: MICROS,
+            unit: 1_000_000,
+            full_cost: 0,
             stable_interval: 0.0,
             stored_permits: 0.0,
             max_permits: 0.0,
@@ -400,7 +405,7 @@ impl SmoothState {
             return true;
         }
         // `picos / unit`, as `in_units` divides: a microsecond is 1 000 ns.
-        let micros = self.unit == MICROS;
+        let micros = self.unit() == MICROS;
         let (now, timeout, ticket) = if micros {
             (now / 1000, timeout / 1000, next_free / 1_000_000)
         } else {
@@ -411,13 +416,25 @@ impl SmoothState {
         }
         // `resync`, in 64 bits: `now × unit` is at most `now_ps`.
         if now > ticket {
-            if self.max_permits > 0.0 {
-                #[expect(clippy::cast_precision_loss, reason = "Java's `long` to `double`")]
-                let idle = (now - ticket) as f64;
-                let new_permits = idle / self.cool_down_interval();
-                self.stored_permits = self.max_permits.min(self.stored_permits + new_permits);
-            }
             self.next_free = u128::from(if micros { now * 1_000_000 } else { now });
+            if self.max_permits > 0.0 {
+                let idle = to_f64(now - ticket);
+                let cool_down = self.cool_down_interval();
+                if self.fills(idle, cool_down) {
+                    if permits == 1 {
+                        // `spend(1)` from the maximum, its cost computed
+                        // once per rate.
+                        self.stored_permits = self.max_permits - 1f64.min(self.max_permits);
+                        self.next_free =
+                            (self.next_free + u128::from(self.full_cost) * self.unit()).min(LATEST);
+                        return true;
+                    }
+                    self.stored_permits = self.max_permits;
+                } else {
+                    self.stored_permits =
+                        self.max_permits.min(self.stored_permits + idle / cool_down);
+                }
+            }
         }
         let required = f64::from(permits);
         if matches!(self.kind, Kind::Bursty { .. }) && self.stored_permits >= required {
@@ -426,6 +443,30 @@ impl SmoothState {
         }
         self.spend(permits);
         true
+    }
+
+    /// Whether `idle` units fill the limiter, seen without `resync`'s
+    /// division: then Guava's `min(max, stored + idle / cool_down)` is the
+    /// maximum.
+    ///
+    /// The check is a product, which takes a third of a division's time on
+    /// the path of a grant: `idle ≥ (max − stored) × cool_down × (1 +
+    /// 2⁻⁵⁰)`, each operation rounded. The margin covers the three
+    /// roundings of the check and the division's own (each at most 2⁻⁵³
+    /// relative), so when it holds, `stored + idle / cool_down` as Guava
+    /// rounds it is at least the maximum, and its `min` is the maximum, bit
+    /// for bit. Stored permits above the maximum make the difference
+    /// negative, where both give the maximum; a NaN fails the check. When
+    /// it fails, the caller divides, as Guava does.
+    ///
+    /// It matters beyond the division: a full limiter's stored permits are
+    /// the maximum whatever they were before, so the next grant's
+    /// arithmetic does not wait on this one's.
+    #[inline]
+    fn fills(&self, idle: f64, cool_down: f64) -> bool {
+        // 1 + 2⁻⁵⁰, exactly.
+        const MARGIN: f64 = 1.0 + 4.0 * f64::EPSILON;
+        idle >= (self.max_permits - self.stored_permits) * (cool_down * MARGIN)
     }
 
     /// [`try_take`](Self::try_take) past 2⁶⁴ ps, through `try_reserve`.
@@ -468,14 +509,14 @@ impl SmoothState {
     pub fn set_rate(&mut self, now: Duration, permits_per_second: f64) -> Result<(), ConfigError> {
         Rate::per_second_f64(permits_per_second).validate()?;
         let now = picos(now);
-        self.resync(in_units(now, self.unit));
+        self.resync(in_units(now, self.unit()));
         // Guava's `SECONDS.toMicros(1L) / permitsPerSecond`; in picoseconds
         // where that is below a microsecond.
         let (unit, stable_interval) = match 1e6 / permits_per_second {
             micros if micros >= 1.0 => (MICROS, micros),
             _ => (1, 1e12 / permits_per_second),
         };
-        if unit != self.unit {
+        if unit != self.unit() {
             // A pending debt rounds up to the new unit (none is lost); no
             // debt stays none.
             self.next_free = if self.next_free > now {
@@ -483,11 +524,12 @@ impl SmoothState {
             } else {
                 self.next_free / unit * unit
             };
-            self.unit = unit;
+            self.unit = if unit == MICROS { 1_000_000 } else { 1 };
         }
         self.rate = permits_per_second;
         self.stable_interval = stable_interval;
         self.do_set_rate(permits_per_second);
+        self.full_cost = u64::try_from(self.cost(self.max_permits, 1.0).1).unwrap_or(u64::MAX);
         Ok(())
     }
 
@@ -517,7 +559,7 @@ impl SmoothState {
                 threshold_permits,
                 slope,
             } => {
-                *warmup_units = (picos(*warmup) / self.unit) as f64;
+                *warmup_units = (picos(*warmup) / u128::from(self.unit)) as f64;
                 let cold_interval = stable_interval * *cold_factor;
                 *threshold_permits = 0.5 * *warmup_units / stable_interval;
                 self.max_permits =
@@ -676,9 +718,14 @@ impl SmoothState {
         }
     }
 
+    /// Picoseconds per unit: [`MICROS`] or 1.
+    fn unit(&self) -> u128 {
+        u128::from(self.unit)
+    }
+
     /// `now` in whole units, as Guava's stopwatch reads it.
     fn units(&self, now: Duration) -> u128 {
-        in_units(picos(now), self.unit)
+        in_units(picos(now), self.unit())
     }
 
     /// [`reserve`](Self::reserve), also returning where the reservation
@@ -707,9 +754,9 @@ impl SmoothState {
         timeout: Duration,
     ) -> Option<(Duration, Span)> {
         // `canAcquire`: `nextFreeTicketMicros - timeoutMicros <= nowMicros`.
-        let timeout = in_units(timeout.as_nanos().saturating_mul(PS_PER_NS), self.unit);
+        let timeout = in_units(timeout.as_nanos().saturating_mul(PS_PER_NS), self.unit());
         let now_units = self.units(now);
-        if permits > 0 && in_units(self.next_free, self.unit) > now_units + timeout {
+        if permits > 0 && in_units(self.next_free, self.unit()) > now_units + timeout {
             return None;
         }
         if permits == 0 {
@@ -722,9 +769,11 @@ impl SmoothState {
     /// reservation's span.
     fn reserve_span_at(&mut self, permits: u32, now: u128) -> (Duration, Span) {
         let moment_available = self.reserve_earliest_available(permits, now);
-        let wait = nanos_to_duration(nanos_ceil(moment_available.saturating_sub(now) * self.unit));
+        let wait = nanos_to_duration(nanos_ceil(
+            moment_available.saturating_sub(now) * self.unit(),
+        ));
         let span = Span {
-            moment: moment_available * self.unit,
+            moment: moment_available * self.unit(),
             end: self.next_free,
         };
         (wait, span)
@@ -749,10 +798,10 @@ impl SmoothState {
     /// The next free ticket never moves before `now`, and stays a whole
     /// number of units (rounded up: a debt is never lost to rounding).
     pub(crate) fn give_back(&mut self, now: Duration, span: Span) -> u128 {
-        let now = self.units(now) * self.unit;
+        let now = self.units(now) * self.unit();
         let unused = span.end.saturating_sub(now.max(span.moment));
         let floor = now.max(self.next_free.saturating_sub(unused));
-        let next_free = floor.div_ceil(self.unit) * self.unit;
+        let next_free = floor.div_ceil(self.unit()) * self.unit();
         let given = self.next_free.saturating_sub(next_free);
         self.next_free -= given;
         given
@@ -787,19 +836,27 @@ impl SmoothState {
     /// The rest of `reserveEarliestAvailable`, after the resync: spends
     /// stored permits first, then pushes the next free ticket forward by
     /// the cost.
-    #[expect(clippy::cast_possible_truncation, reason = "Java's `(long)`")]
     #[inline]
     fn spend(&mut self, required_permits: u32) {
-        let required_permits = f64::from(required_permits);
-        let stored_permits_to_spend = required_permits.min(self.stored_permits);
+        let (stored_permits_to_spend, wait) =
+            self.cost(self.stored_permits, f64::from(required_permits));
+        self.next_free = (self.next_free + wait * self.unit()).min(LATEST);
+        self.stored_permits -= stored_permits_to_spend;
+    }
+
+    /// What `reserveEarliestAvailable` computes for `required_permits` with
+    /// `stored_permits` stored: the stored permits it spends, and its cost
+    /// (the next free ticket's step) in units.
+    #[expect(clippy::cast_possible_truncation, reason = "Java's `(long)`")]
+    #[inline]
+    fn cost(&self, stored_permits: f64, required_permits: f64) -> (f64, u128) {
+        let stored_permits_to_spend = required_permits.min(stored_permits);
         let fresh_permits = required_permits - stored_permits_to_spend;
         let wait = self
-            .stored_permits_to_wait_time(self.stored_permits, stored_permits_to_spend)
+            .stored_permits_to_wait_time(stored_permits, stored_permits_to_spend)
             .saturating_add((fresh_permits * self.stable_interval) as i64);
         // `LongMath.saturatedAdd`. Costs are never negative.
-        let wait = u128::try_from(wait).unwrap_or(0);
-        self.next_free = (self.next_free + wait * self.unit).min(LATEST);
-        self.stored_permits -= stored_permits_to_spend;
+        (stored_permits_to_spend, u128::try_from(wait).unwrap_or(0))
     }
 
     /// `storedPermitsToWaitTime`: the cost of taking `permits_to_take`
@@ -846,7 +903,7 @@ impl SmoothState {
     #[expect(clippy::cast_precision_loss, reason = "Java's `long` to `double`")]
     /// Returns the next free ticket after it, in units.
     fn resync(&mut self, now: u128) -> u128 {
-        let next_free = in_units(self.next_free, self.unit);
+        let next_free = in_units(self.next_free, self.unit());
         if now > next_free {
             // Without room, nothing is stored: Guava computes the same for
             // the bursty limiter, and `0 / 0` (then NaN permits) for a
@@ -862,7 +919,7 @@ impl SmoothState {
                 let new_permits = idle / self.cool_down_interval();
                 self.stored_permits = self.max_permits.min(self.stored_permits + new_permits);
             }
-            self.next_free = now * self.unit;
+            self.next_free = now * self.unit();
             return now;
         }
         next_free
@@ -911,6 +968,17 @@ fn in_units(picos: u128, unit: u128) -> u128 {
         (1, _) => picos,
         (MICROS, Ok(small)) => u128::from(small / 1_000_000),
         _ => picos / unit,
+    }
+}
+
+/// Java's `long` to `double` for a `u64`: through `i64` below 2⁶³ (one
+/// instruction; the same rounding).
+#[inline]
+#[expect(clippy::cast_precision_loss, reason = "Java's `long` to `double`")]
+fn to_f64(x: u64) -> f64 {
+    match i64::try_from(x) {
+        Ok(x) => x as f64,
+        Err(_) => x as f64,
     }
 }
 
@@ -977,10 +1045,10 @@ mod tests {
         assert_eq!(interval(1e9), ns(1));
         let state = SmoothState::bursty(3.0, ms(1)).unwrap();
         assert_eq!(state.stable_interval, 1e6 / 3.0);
-        assert_eq!(state.unit, MICROS);
+        assert_eq!(state.unit(), MICROS);
         let state = SmoothState::bursty(7e6, ms(1)).unwrap();
         assert_eq!(state.stable_interval, 1e12 / 7e6);
-        assert_eq!(state.unit, 1);
+        assert_eq!(state.unit(), 1);
     }
 
     #[test]
@@ -1367,6 +1435,13 @@ mod tests {
     }
 
     #[test]
+    fn the_state_stays_112_bytes() {
+        // The full cost's 8 bytes are what a 64-bit unit left: the idle
+        // smooth limiter's memory figure stays where it was.
+        assert_eq!(std::mem::size_of::<SmoothState>(), 112);
+    }
+
+    #[test]
     fn units_and_nanos_agree_with_128_bit_division() {
         let big = u128::from(u64::MAX);
         for picos in [
@@ -1416,6 +1491,7 @@ mod tests {
 }
 
 #[cfg(test)]
+#[expect(clippy::float_cmp, reason = "the arithmetic is compared bit for bit")]
 mod try_take_tests {
     use std::time::Duration;
 
@@ -1431,7 +1507,7 @@ mod try_take_tests {
         #[test]
         fn try_take_is_try_reserve_without_the_wait(
             warm in any::<bool>(),
-            rate in prop_oneof![0.5f64..50.0, 1e5f64..1e9],
+            rate in prop_oneof![0.01f64..2.0, 0.5f64..50.0, 1e5f64..1e9],
             history in proptest::collection::vec((0u64..3_000_000_000, 0u32..5, prop_oneof![Just(0u64), 0u64..3_000_000_000]), 0..40),
             far in prop_oneof![Just(0u64), Just(250 * 86_400 * 1_000_000_000u64)],
         ) {
@@ -1449,6 +1525,37 @@ mod try_take_tests {
                     .is_some();
                 prop_assert_eq!(b.try_take(now, permits, timeout), reserved);
                 prop_assert_eq!(&a, &b);
+            }
+        }
+
+        /// When `fills` says that idle time fills the limiter, Guava's
+        /// division says so too (its `min` is the maximum), for idle times
+        /// within a few units of the boundary, stored permits anywhere
+        /// from none to the maximum, and the cool-down intervals of both
+        /// units.
+        #[test]
+        fn what_fills_without_the_division_fills_with_it(
+            warm in any::<bool>(),
+            rate in prop_oneof![0.01f64..2.0, 0.5f64..50.0, 1e5f64..1e9],
+            fraction in 0.0f64..=1.0,
+            delta in -3i64..=3,
+        ) {
+            let mut state = if warm {
+                SmoothState::warming_up(rate, Duration::from_secs(2), 3.0).unwrap()
+            } else {
+                SmoothState::bursty(rate, Duration::from_secs(1)).unwrap()
+            };
+            state.stored_permits = state.max_permits * fraction;
+            let cool_down = state.cool_down_interval();
+            #[expect(clippy::cast_possible_truncation, reason = "a test's boundary")]
+            let boundary = ((state.max_permits - state.stored_permits) * cool_down) as i64;
+            let idle = u64::try_from((boundary + delta).max(0)).unwrap();
+            let idle = super::to_f64(idle);
+            if state.fills(idle, cool_down) {
+                prop_assert_eq!(
+                    state.max_permits.min(state.stored_permits + idle / cool_down),
+                    state.max_permits
+                );
             }
         }
     }
