@@ -146,8 +146,11 @@ async fn the_cache_only_refuses_what_the_script_refuses() {
     eprintln!(
         "{checked} refusals checked ({from_cache} from the cache), {granted} grants, {restarts} restarts"
     );
+    // Grants come to ~300 on an idle machine (the quotas refill on real
+    // time between steps), fewer under load: the bound asks for plenty,
+    // with room for a busy CI machine.
     assert!(
-        checked > 300 && from_cache > 100 && granted > 300 && restarts == 5,
+        checked > 300 && from_cache > 100 && granted > 150 && restarts == 5,
         "{checked} checked, {from_cache} from the cache, {granted} granted, {restarts} restarts"
     );
 }
