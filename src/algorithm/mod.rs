@@ -54,6 +54,34 @@ pub(crate) use smooth::{Span, Undo};
 
 use crate::{AcquireError, ConfigError, Rate, TryAcquireError};
 
+/// What a limiter's schedule decided about a request that may not wait
+/// (`try_acquire`).
+///
+/// Its tag is a byte of its own (`repr(u8)`): in a `Result<(), Option<
+/// Duration>>` the tag is a niche in the wait's nanoseconds, so the
+/// caller's branch on it waited for the wait's conversion to a `Duration`,
+/// a multiply and a subtraction on every refusal's critical path.
+#[repr(u8)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Taken {
+    /// Granted.
+    Granted,
+    /// Refused: the exact wait until it would be granted.
+    Limited(Duration),
+    /// Closed.
+    Closed,
+}
+
+impl From<Result<(), Option<Duration>>> for Taken {
+    fn from(decided: Result<(), Option<Duration>>) -> Taken {
+        match decided {
+            Ok(()) => Taken::Granted,
+            Err(Some(wait)) => Taken::Limited(wait),
+            Err(None) => Taken::Closed,
+        }
+    }
+}
+
 /// What a limiter's schedule decided about a request that may wait (`T`:
 /// where the reservation lies on the schedule's time line).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -39,7 +39,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::algorithm::{MAX_TIME, Params, Place, Release, Reserve};
+use crate::algorithm::{MAX_TIME, Params, Place, Release, Reserve, Taken};
 use crate::clock;
 use crate::sync::{AtomicU64, AtomicU128, Ordering, fence, spin_loop};
 
@@ -313,12 +313,22 @@ impl Cell {
         self.narrow.load(Ordering::Relaxed) < NARROW_LIMIT
     }
 
-    /// The meter (`try_acquire`): pours `n` units if they fit now.
-    ///
-    /// `Err(Some(wait))` is a refusal with the exact wait, `Err(None)` means
-    /// closed. The caller has checked `1 <= n <= capacity`.
-    #[inline]
+    /// [`take`](Self::take) as a `Result`: `Err(Some(wait))` is a refusal
+    /// with the exact wait, `Err(None)` means closed.
+    #[cfg(test)]
     pub(crate) fn try_pour(&self, now_nanos: u128, n: u32) -> Result<(), Option<Duration>> {
+        match self.take(now_nanos, n) {
+            Taken::Granted => Ok(()),
+            Taken::Limited(wait) => Err(Some(wait)),
+            Taken::Closed => Err(None),
+        }
+    }
+
+    /// The meter (`try_acquire`): pours `n` units if they fit now, else
+    /// the exact wait, or closed. The caller has checked `1 <= n <=
+    /// capacity`.
+    #[inline]
+    pub(crate) fn take(&self, now_nanos: u128, n: u32) -> Taken {
         // The narrow cell in 64-bit arithmetic; anything that does not fit
         // goes the general way, which widens the cell.
         loop {
@@ -344,7 +354,7 @@ impl Cell {
                         .compare_exchange_weak(tat, end, Ordering::AcqRel, Ordering::Acquire)
                         .is_ok()
                     {
-                        return Ok(());
+                        return Taken::Granted;
                     }
                     // Another thread's pour won: let it finish with the line.
                     spin_loop();
@@ -353,13 +363,13 @@ impl Cell {
                     // Order the interval loads before the check.
                     fence(Ordering::Acquire);
                     if self.narrow.load(Ordering::Relaxed) < NARROW_LIMIT {
-                        return Err(Some(params.duration_ceil(u128::from(wait))));
+                        return Taken::Limited(params.duration_ceil(u128::from(wait)));
                     }
                 }
                 _ => break,
             }
         }
-        self.try_pour_wide(now_nanos, n)
+        self.try_pour_wide(now_nanos, n).into()
     }
 
     /// [`try_pour`](Self::try_pour) through the general snapshot.

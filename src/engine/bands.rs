@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use super::published::Published;
 use super::{Engine, Kind, Reserve, Schedule, Waits};
-use crate::algorithm::{Bands, PerBand, Placed, Release};
+use crate::algorithm::{Bands, PerBand, Placed, Release, Taken};
 use crate::{ConfigError, Peek, Quota, clock};
 
 /// The schedule over several bands.
@@ -40,6 +40,43 @@ impl Banded {
     fn now(&self) -> u128 {
         u128::from(self.origin.elapsed_nanos())
     }
+
+    /// [`Schedule::try_take`], as a `Result` (`Err(None)`: closed).
+    fn try_take_result(engine: &Engine<Self>, n: u32) -> Result<(), Option<Duration>> {
+        let banded = engine.schedule();
+        if banded.is_closed() {
+            return Err(None);
+        }
+        // Refused on the published states: the answer at the instant they
+        // were read, without the lock. The clock is read after them: read
+        // before, it may predate a grant they include, which would then
+        // read as a fuller band than it is. (The counter is not ordered
+        // with the loads: a reading a hair early refuses at worst a request
+        // due within that hair; see ARCHITECTURE.md, "Readings out of
+        // order".)
+        let published = banded.published.read();
+        let now = banded.now();
+        if let Some(mut tats) = published {
+            banded.bands.try_pour(&mut tats, now, n).map_err(Some)?;
+        }
+        let mut queue = engine.lock();
+        if banded.is_closed() {
+            return Err(None);
+        }
+        // Others may have been granted while this caller waited for the
+        // lock: a refusal looks again with the clock read now, after the
+        // lock (an ordered read: a counter read early could be earlier
+        // than a grant the lock has just shown).
+        if banded.bands.try_pour(&mut queue.books, now, n).is_err() {
+            let now = u128::from(banded.origin.elapsed_nanos_ordered());
+            banded
+                .bands
+                .try_pour(&mut queue.books, now, n)
+                .map_err(Some)?;
+        }
+        banded.published.publish(&queue.books);
+        Ok(())
+    }
 }
 
 impl Schedule for Banded {
@@ -62,34 +99,8 @@ impl Schedule for Banded {
         self.closed.store(true, Ordering::Release);
     }
 
-    fn try_take(engine: &Engine<Self>, n: u32) -> Result<(), Option<Duration>> {
-        let banded = engine.schedule();
-        if banded.is_closed() {
-            return Err(None);
-        }
-        // Refused on the published states: the answer at the instant they
-        // were read, without the lock. The clock is read after them: read
-        // before, it may predate a grant they include, which would then
-        // read as a fuller band than it is.
-        let published = banded.published.read();
-        let now = banded.now();
-        if let Some(mut tats) = published {
-            banded.bands.try_pour(&mut tats, now, n).map_err(Some)?;
-        }
-        let mut queue = engine.lock();
-        if banded.is_closed() {
-            return Err(None);
-        }
-        // Others may have been granted while this caller waited for the
-        // lock: a refusal looks again with the clock read now.
-        if banded.bands.try_pour(&mut queue.books, now, n).is_err() {
-            banded
-                .bands
-                .try_pour(&mut queue.books, banded.now(), n)
-                .map_err(Some)?;
-        }
-        banded.published.publish(&queue.books);
-        Ok(())
+    fn try_take(engine: &Engine<Self>, n: u32) -> Taken {
+        Banded::try_take_result(engine, n).into()
     }
 
     fn reserve_unlocked(&self, _: u32, _: Option<Duration>, _: Waits) -> Option<Reserve<()>> {

@@ -15,7 +15,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{Engine, Kind, Reserve, Schedule, Waits};
-use crate::algorithm::{Params, Release};
+use crate::algorithm::{Params, Release, Taken};
 use crate::cell::{Cell, Wait};
 use crate::{Band, BandState, ConfigError, Peek, Rate};
 
@@ -143,9 +143,9 @@ impl Schedule for Bucket {
     }
 
     #[inline]
-    fn try_take(engine: &Engine<Self>, n: u32) -> Result<(), Option<Duration>> {
+    fn try_take(engine: &Engine<Self>, n: u32) -> Taken {
         let cell = &engine.schedule().cell;
-        cell.try_pour(cell.now_nanos(), n)
+        cell.take(cell.now_nanos(), n)
     }
 
     fn reserve_unlocked(

@@ -54,8 +54,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::algorithm::Release;
 pub(crate) use crate::algorithm::Reserve;
+use crate::algorithm::{Release, Taken};
 use crate::meter::Refusal;
 use crate::reservation::{Hold, Reservation};
 use crate::stats::{self, Stats, Stripe};
@@ -115,8 +115,8 @@ pub(crate) trait Schedule: Sized + Send + Sync + 'static {
     fn close(&self);
 
     /// The meter (`try_acquire` with `1 <= n <= capacity`): takes `n` now,
-    /// or says how long until it could (`Err(None)`: closed).
-    fn try_take(engine: &Engine<Self>, n: u32) -> Result<(), Option<Duration>>;
+    /// or says how long until it could, or that the limiter is closed.
+    fn try_take(engine: &Engine<Self>, n: u32) -> Taken;
     /// The lock-free decision of an `acquire` that need not wait: `None`
     /// when it would have to (or the schedule decides only under the lock).
     fn reserve_unlocked(
@@ -326,7 +326,7 @@ impl<S: Schedule> Engine<S> {
             return self.try_acquire_edge(n);
         }
         match S::try_take(self, n) {
-            Ok(()) => {
+            Taken::Granted => {
                 self.counts().granted(n);
                 self.meter.granted(n);
                 if tracing::enabled!(tracing::Level::TRACE) {
@@ -334,7 +334,7 @@ impl<S: Schedule> Engine<S> {
                 }
                 Ok(())
             }
-            Err(Some(retry_after)) => {
+            Taken::Limited(retry_after) => {
                 self.counts().refused();
                 self.meter.refused(Refusal::Limited);
                 if tracing::enabled!(tracing::Level::TRACE) {
@@ -342,7 +342,7 @@ impl<S: Schedule> Engine<S> {
                 }
                 Err(TryAcquireError::Limited { retry_after })
             }
-            Err(None) => Err(TryAcquireError::Closed),
+            Taken::Closed => Err(TryAcquireError::Closed),
         }
     }
 

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::algorithm::{Reserve, SmoothState, Span, Undo};
+use crate::algorithm::{Reserve, SmoothState, Span, Taken, Undo};
 use crate::cell::{CREDIT_GRACE, CREDIT_REACH};
 use crate::engine::{Engine, Kind, Schedule, Waits, Waking};
 use crate::{ConfigError, clock};
@@ -133,10 +133,11 @@ impl Schedule for Smooth {
         self.closed.store(true, Ordering::Release);
     }
 
-    fn try_take(engine: &Engine<Self>, n: u32) -> Result<(), Option<Duration>> {
+    #[inline]
+    fn try_take(engine: &Engine<Self>, n: u32) -> Taken {
         let smooth = engine.schedule();
         if smooth.is_closed() {
-            return Err(None);
+            return Taken::Closed;
         }
         // A caller that comes before the next free ticket owes: refused
         // without the lock, with what the locked path would say (the ticket
@@ -149,11 +150,11 @@ impl Schedule for Smooth {
         let owed = smooth.next_free.load(Ordering::Acquire);
         let now_nanos = smooth.origin.elapsed_nanos();
         if owed > now_nanos {
-            return Err(Some(Duration::from_nanos(owed - now_nanos)));
+            return Taken::Limited(Duration::from_nanos(owed - now_nanos));
         }
         let mut queue = engine.lock();
         if smooth.is_closed() {
-            return Err(None);
+            return Taken::Closed;
         }
         let books = &mut queue.books;
         // Others may have been granted while this caller waited for the
@@ -177,14 +178,14 @@ impl Schedule for Smooth {
         if books.state.try_take(at, n, now_nanos - at) {
             books.changed();
             smooth.publish(books, now_nanos);
-            Ok(())
+            Taken::Granted
         } else {
-            Err(Some(
+            Taken::Limited(
                 books
                     .state
                     .next_free()
                     .saturating_sub(Duration::from_nanos(now_nanos)),
-            ))
+            )
         }
     }
 
