@@ -1502,14 +1502,18 @@ mod try_take_tests {
     proptest! {
         /// The meter's `try_take` answers as `try_reserve` does and leaves
         /// the same state, for both limiters, rates in microsecond and in
-        /// picosecond units, any history, and times past the 64-bit path
-        /// (213 days) too.
+        /// picosecond units (and changed between calls), any history, and
+        /// times past the 64-bit path (213 days) too.
         #[test]
         fn try_take_is_try_reserve_without_the_wait(
             warm in any::<bool>(),
             rate in prop_oneof![0.01f64..2.0, 0.5f64..50.0, 1e5f64..1e9],
             history in proptest::collection::vec((0u64..3_000_000_000, 0u32..5, prop_oneof![Just(0u64), 0u64..3_000_000_000]), 0..40),
             far in prop_oneof![Just(0u64), Just(250 * 86_400 * 1_000_000_000u64)],
+            changes in proptest::collection::vec(
+                (0usize..40, prop_oneof![0.01f64..2.0, 0.5f64..50.0, 1e5f64..1e9]),
+                0..3,
+            ),
         ) {
             let build = || if warm {
                 SmoothState::warming_up(rate, Duration::from_secs(2), 3.0).unwrap()
@@ -1518,8 +1522,14 @@ mod try_take_tests {
             };
             let (mut a, mut b) = (build(), build());
             let mut now = far;
-            for (step, permits, timeout) in history {
+            for (i, (step, permits, timeout)) in history.into_iter().enumerate() {
                 now += step;
+                // Rate changes between the calls (a unit switch, a new
+                // cost for a full limiter), the same on both.
+                for &(_, rate) in changes.iter().filter(|(at, _)| *at == i) {
+                    a.set_rate(Duration::from_nanos(now), rate).unwrap();
+                    b.set_rate(Duration::from_nanos(now), rate).unwrap();
+                }
                 let reserved = a
                     .try_reserve(Duration::from_nanos(now), permits, Duration::from_nanos(timeout))
                     .is_some();
