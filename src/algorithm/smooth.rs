@@ -391,7 +391,10 @@ impl SmoothState {
     /// nothing but the stored permits waits on the floating-point
     /// arithmetic. Computed as `reserve_earliest_available` would (spend
     /// `min(n, stored) = n`, no fresh permits, a zero cost), so bit for
-    /// bit the same state, which `try_take_tests` checks.
+    /// bit the same state, which `try_take_tests` checks. Likewise a
+    /// one-permit grant on a limiter the idle time has filled (see
+    /// [`fills`](Self::fills)) takes its cost from `full_cost`, which
+    /// `set_rate` computes with the same [`cost`](Self::cost).
     #[inline]
     pub(crate) fn try_take(&mut self, now: u64, permits: u32, timeout: u64) -> bool {
         let (Some(now_ps), Some(timeout_ps), Ok(next_free)) = (
