@@ -164,7 +164,12 @@ pub(crate) fn app(limits: Limits, config: &Config, clients: impl KeyExtractor) -
     match limits.metrics {
         Some(metrics) => router.route(
             "/metrics",
-            get(move || std::future::ready(metrics.render())),
+            get(move || {
+                // Grants reach the recorder once a second on their own;
+                // a scrape sees them all.
+                tokio_ratelimit::metrics::flush();
+                std::future::ready(metrics.render())
+            }),
         ),
         None => router,
     }

@@ -3,7 +3,16 @@
 //! [`Slot`] is zero-sized and its methods do nothing, so the call sites
 //! need no `cfg`.
 
+use std::sync::Weak;
 use std::time::Duration;
+
+/// The owner of a named limiter's meter, as the background publisher holds
+/// it: publishing reads the owner's permit counter and hands it to its
+/// [`Slot::publish`].
+pub(crate) trait Publish: Send + Sync {
+    /// Adds what was granted since the last time to the recorder.
+    fn publish(&self);
+}
 
 /// Why a request was refused, as the `outcome` label names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,16 +77,41 @@ impl Refusal {
 }
 
 /// A limiter's handles into the recorder, registered once at build.
+///
+/// Grants and rate-limit refusals are not pushed to the recorder one by
+/// one: the owner's own counters (the ones `stats()` reads, paid anyway)
+/// are the count, and [`Slot::publish`] adds what they grew by since the
+/// last time to the `granted`, `permits` and `limited` series (see
+/// `publisher` below). The requests granted are the permits less `extra`,
+/// the `limited` refusals the refusals less `others` (the rarer causes,
+/// which are also recorded as they happen), so that a one-permit grant and
+/// a rate-limit refusal cost the meter nothing.
 #[cfg(feature = "metrics")]
 struct Meter {
     granted: metrics::Counter,
     permits: metrics::Counter,
+    /// Σ (n − 1) over the grants of more than one permit.
+    extra: std::sync::atomic::AtomicU64,
+    /// The refusals the owner counts that are not `Limited`.
+    others: std::sync::atomic::AtomicU64,
+    /// What was added to `granted`, `permits` and the `limited` refusals
+    /// so far; the lock makes the publishers take turns.
+    published: std::sync::Mutex<Published>,
     /// By [`Refusal`], in `Refusal::ALL`'s order.
     refused: [metrics::Counter; 5],
     waiting: metrics::Gauge,
     wait: metrics::Histogram,
     /// A keyed map's key count.
     keys: Option<metrics::Gauge>,
+}
+
+/// What a meter has added to its counters from its owner's.
+#[cfg(feature = "metrics")]
+#[derive(Debug, Default, Clone, Copy)]
+struct Published {
+    requests: u64,
+    permits: u64,
+    limited: u64,
 }
 
 /// A limiter's metrics: nothing for an unnamed limiter (or without the
@@ -102,6 +136,7 @@ impl std::fmt::Debug for Slot {
     not(feature = "metrics"),
     expect(
         clippy::unused_self,
+        clippy::needless_pass_by_value,
         reason = "without the feature a slot is zero-sized and records nothing"
     )
 )]
@@ -132,6 +167,9 @@ impl Slot {
             meter: Some(Box::new(Meter {
                 granted: outcome("granted"),
                 permits: metrics::counter!(PERMITS, "limiter" => limiter.clone()),
+                extra: std::sync::atomic::AtomicU64::new(0),
+                others: std::sync::atomic::AtomicU64::new(0),
+                published: std::sync::Mutex::new(Published::default()),
                 refused: Refusal::ALL.map(|r| outcome(r.label())),
                 waiting: metrics::gauge!(WAITING, "limiter" => limiter.clone()),
                 wait: metrics::histogram!(WAIT_SECONDS, "limiter" => limiter.clone()),
@@ -149,21 +187,100 @@ impl Slot {
         false
     }
 
-    /// A request of `n` permits was granted.
+    /// A request of `n` permits was granted; `count` adds them to the
+    /// owner's permit counter, the one its [`Publish`] reads (with a
+    /// `Release` add: see [`publish`](Self::publish)).
+    ///
+    /// The meter's share comes first, so that a publisher that sees the
+    /// permits sees it too. A one-permit grant has none: the meter costs it
+    /// nothing.
     #[inline]
-    pub(crate) fn granted(&self, n: u32) {
+    pub(crate) fn granted(&self, n: u32, count: impl FnOnce(u32)) {
         #[cfg(feature = "metrics")]
-        if let Some(m) = &self.meter {
-            m.granted.increment(1);
-            m.permits.increment(u64::from(n));
+        if n > 1 {
+            if let Some(m) = &self.meter {
+                m.extra
+                    .fetch_add(u64::from(n - 1), std::sync::atomic::Ordering::Relaxed);
+            }
         }
-        #[cfg(not(feature = "metrics"))]
-        let _ = n;
+        count(n);
     }
 
-    /// A request was refused.
+    /// Adds to the recorder what was granted and refused for the rate
+    /// since the last call: `(permits, refused)` are the owner's counters
+    /// now, read with `Acquire` (so every grant and refusal they include
+    /// has its `extra` or `others` visible here). The requests are the
+    /// permits less `extra`, the `limited` refusals the refusals less
+    /// `others`; both may also hold answers not counted by the owner yet:
+    /// then the differences come out short, never over, and the next call
+    /// makes up for it (a counter only grows, so a short reading is not
+    /// published below what already was).
+    pub(crate) fn publish(&self, (permits, refused): (u64, u64)) {
+        #[cfg(feature = "metrics")]
+        if let Some(m) = &self.meter {
+            use std::sync::atomic::Ordering::Relaxed;
+            let mut done = m
+                .published
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let (extra, others) = (m.extra.load(Relaxed), m.others.load(Relaxed));
+            let now = Published {
+                permits: permits.max(done.permits),
+                requests: permits.saturating_sub(extra).max(done.requests),
+                limited: refused.saturating_sub(others).max(done.limited),
+            };
+            let limited = &m.refused[Refusal::Limited as usize];
+            for (counter, now, before) in [
+                (&m.granted, now.requests, done.requests),
+                (&m.permits, now.permits, done.permits),
+                (limited, now.limited, done.limited),
+            ] {
+                if now > before {
+                    counter.increment(now - before);
+                }
+            }
+            *done = now;
+        }
+        #[cfg(not(feature = "metrics"))]
+        let _ = (permits, refused);
+    }
+
+    /// Has the background publisher publish `owner`'s grants from now on,
+    /// if this meter records anything. `owner` holds this slot: it calls
+    /// [`publish`](Self::publish) with its permit counter, and once more
+    /// when it is dropped.
+    pub(crate) fn register(&self, owner: Weak<dyn Publish>) {
+        #[cfg(feature = "metrics")]
+        if self.is_on() {
+            publisher::register(owner);
+        }
+        #[cfg(not(feature = "metrics"))]
+        let _ = owner;
+    }
+
+    /// A request was refused by `why`; `count` adds it to the owner's
+    /// refusal counter, the one its [`Publish`] reads (with a `Release`
+    /// add). A `Limited` refusal is published from that counter and costs
+    /// the meter nothing; the others are recorded now, and first noted in
+    /// `others`, so that a publisher that sees the refusal sees them too.
     #[inline]
-    pub(crate) fn refused(&self, why: Refusal) {
+    pub(crate) fn refused(&self, why: Refusal, count: impl FnOnce()) {
+        #[cfg(feature = "metrics")]
+        if why != Refusal::Limited {
+            if let Some(m) = &self.meter {
+                m.others.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                m.refused[why as usize].increment(1);
+            }
+        }
+        #[cfg(not(feature = "metrics"))]
+        let _ = why;
+        count();
+    }
+
+    /// A request was refused by `why`, which the owner does not count (a
+    /// keyed map full: not a key's limit): recorded now.
+    pub(crate) fn refused_uncounted(&self, why: Refusal) {
+        debug_assert_ne!(why, Refusal::Limited, "limited refusals are counted");
         #[cfg(feature = "metrics")]
         if let Some(m) = &self.meter {
             m.refused[why as usize].increment(1);
@@ -192,17 +309,6 @@ impl Slot {
         }
         #[cfg(not(feature = "metrics"))]
         let _ = waited;
-    }
-
-    /// Records an answer of `n` permits: granted, or refused by `why`
-    /// (nothing for neither, a closed limiter's).
-    #[inline]
-    pub(crate) fn answered(&self, n: u32, granted: bool, why: Option<Refusal>) {
-        if granted {
-            self.granted(n);
-        } else if let Some(why) = why {
-            self.refused(why);
-        }
     }
 
     /// A keyed map holds `count` keys now.
@@ -299,3 +405,69 @@ impl Name {
         }
     }
 }
+
+/// The background publisher: every named limiter's owner, held weakly,
+/// and a thread that publishes them all every [`INTERVAL`]. Started by the
+/// first named limiter.
+#[cfg(feature = "metrics")]
+mod publisher {
+    use std::sync::{Arc, Mutex, Once, PoisonError, Weak};
+    use std::time::Duration;
+
+    use super::Publish;
+
+    /// How often the background thread publishes.
+    pub(crate) const INTERVAL: Duration = Duration::from_secs(1);
+
+    static OWNERS: Mutex<Vec<Weak<dyn Publish>>> = Mutex::new(Vec::new());
+
+    pub(super) fn register(owner: Weak<dyn Publish>) {
+        static STARTED: Once = Once::new();
+        OWNERS
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(owner);
+        STARTED.call_once(|| {
+            let started = std::thread::Builder::new()
+                .name("tokio-ratelimit-metrics".to_owned())
+                .spawn(|| {
+                    loop {
+                        std::thread::sleep(INTERVAL);
+                        publish_all();
+                    }
+                });
+            if let Err(error) = started {
+                tracing::warn!(
+                    %error,
+                    "no metrics publisher thread: grants are published only by \
+                     tokio_ratelimit::metrics::flush and when a limiter is dropped"
+                );
+            }
+        });
+    }
+
+    /// Publishes every named limiter alive, and forgets the dropped ones
+    /// (which published themselves as they went).
+    pub(crate) fn publish_all() {
+        let alive: Vec<Arc<dyn Publish>> = {
+            let mut owners = OWNERS.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut alive = Vec::with_capacity(owners.len());
+            owners.retain(|owner| match owner.upgrade() {
+                Some(owner) => {
+                    alive.push(owner);
+                    true
+                }
+                None => false,
+            });
+            alive
+        };
+        // Outside the lock: the last handle may be dropped meanwhile, and
+        // then the owner is dropped here (publishing itself once more).
+        for owner in alive {
+            owner.publish();
+        }
+    }
+}
+
+#[cfg(feature = "metrics")]
+pub(crate) use publisher::publish_all;

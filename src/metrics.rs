@@ -14,8 +14,8 @@
 //!
 //! | name | kind | labels | what |
 //! |---|---|---|---|
-//! | [`REQUESTS`] | counter | `limiter`, `outcome` | requests answered, by outcome: `granted`, `limited` (`try_acquire` refused for the rate), `overflow` (a leaky bucket's shaper full), `timeout`, `too_large` (`n` over the capacity), `unavailable` (a keyed map full: `max_keys`) |
-//! | [`PERMITS`] | counter | `limiter` | permits granted (the sum of `n`) |
+//! | [`REQUESTS`] | counter | `limiter`, `outcome` | requests answered, by outcome: `granted`, `limited` (`try_acquire` refused for the rate), `overflow` (a leaky bucket's shaper full), `timeout`, `too_large` (`n` over the capacity), `unavailable` (a keyed map full: `max_keys`); `granted` is published each second (see below) |
+//! | [`PERMITS`] | counter | `limiter` | permits granted (the sum of `n`), published each second (see below) |
 //! | [`WAITING`] | gauge | `limiter` | callers waiting in `acquire` now |
 //! | [`WAIT_SECONDS`] | histogram | `limiter` | how long each `acquire` that waited waited, granted or not |
 //! | [`KEYS`] | gauge | `limiter` | keys held by a keyed map (set as keys come and go) |
@@ -29,13 +29,40 @@
 //! factory: all keys then share one series). A `RedisFunnel` records its
 //! own series, below.
 //!
-//! What it costs: nothing without the feature or a name. A named limiter's
-//! engine is 8 bytes larger (a pointer), and each answer is one or two
-//! increments through the facade: on the machine of `benches/RESULTS.md`,
-//! with metrics-exporter-prometheus's recorder, a `TokenBucket`'s allowed
-//! `try_acquire` takes 6.1 ns more (two counters: the request and its
-//! permits) and a denied one 2.2 ns more
-//! (`cargo run --release -p tokio-ratelimit-benches --features metrics --example metrics_cost`).
+//! # When the answers reach the recorder
+//!
+//! The `granted` requests, the permits and the `limited` refusals are not
+//! pushed one answer at a time: the limiter's own counters (the ones
+//! [`Stats`](crate::Stats) reads, kept anyway) are the count, and what
+//! they grew by is added to those series by a background thread
+//! (`tokio-ratelimit-metrics`, started by the first named limiter) every
+//! second, by [`flush`], and once more when the limiter is dropped. So a
+//! scrape may miss up to a second of them, unless its handler calls
+//! [`flush`] first (as `examples/axum_service.rs` does); the series never
+//! run ahead of the answers made and never go down. The other refusals,
+//! the waiting gauge, the key count and the histograms are recorded as
+//! they happen. (How the series are told apart in counters that hold
+//! all grants and all refusals: ARCHITECTURE.md, "Metrics off the hot
+//! path".)
+//!
+//! # What it costs
+//!
+//! Nothing without the feature or a name. A named limiter's engine is 8
+//! bytes larger (a pointer); a grant of one permit and a rate refusal cost
+//! nothing more, a grant of more permits one atomic add, the rarer
+//! refusals one increment through the facade. Measured with
+//! metrics-exporter-prometheus's recorder, a named `TokenBucket`'s
+//! `try_acquire` against an unnamed one's (medians of three rounds, ns
+//! added per call; `benches/RESULTS.md`, "Metrics off the hot path"):
+//!
+//! | | 1 thread | 2 threads |
+//! |---|---:|---:|
+//! | allowed | 0.0 (6.1 when pushed) | −1.9 (64.0 when pushed) |
+//! | denied | −0.2 (2.3 when pushed) | −0.1 (62.8 when pushed) |
+//!
+//! (`cargo run --release -p tokio-ratelimit-benches --features metrics --example metrics_cost`.)
+//! The background thread wakes once a second and walks the named
+//! limiters alive.
 //!
 //! # Examples
 //!
@@ -51,6 +78,7 @@
 //!     .build()
 //!     .unwrap();
 //! api.try_acquire().unwrap();
+//! // Within a second, or at once after `tokio_ratelimit::metrics::flush()`:
 //! // tokio_ratelimit_requests_total{limiter="api",outcome="granted"} 1
 //! // tokio_ratelimit_permits_granted_total{limiter="api"} 1
 //! ```
@@ -72,3 +100,39 @@ pub const KEYS: &str = "tokio_ratelimit_keys";
 pub const REDIS: &str = "tokio_ratelimit_redis_total";
 /// Seconds per round trip of a Redis limiter's decision (a histogram).
 pub const REDIS_SECONDS: &str = "tokio_ratelimit_redis_decision_seconds";
+
+/// Publishes now what every named limiter granted since the last time.
+///
+/// The `granted` requests and the permits are not pushed to the recorder
+/// one grant at a time: a named limiter's own permit counter (the one
+/// [`Stats`](crate::Stats) reads) is the count, and a background thread
+/// (`tokio-ratelimit-metrics`, started by the first named limiter) adds
+/// what it grew by to both series every second. A limiter also publishes
+/// itself when dropped. Call `flush` where the series must be exact now,
+/// for instance in the handler that renders them for a scrape (as
+/// `examples/axum_service.rs` does). Refusals, the waiting gauge and the
+/// histograms are recorded as they happen.
+///
+/// # Examples
+///
+/// ```
+/// use metrics_exporter_prometheus::PrometheusBuilder;
+/// use tokio_ratelimit::{Funnel, Rate};
+///
+/// // A service installs its recorder globally; this one is this thread's.
+/// let recorder = PrometheusBuilder::new().build_recorder();
+/// let prometheus = recorder.handle();
+/// let _recorder = metrics::set_default_local_recorder(&recorder);
+///
+/// let api = Funnel::builder().rate(Rate::per_second(100)).capacity(10).name("api").build()?;
+/// api.try_acquire_many(3)?;
+/// api.try_acquire()?;
+/// tokio_ratelimit::metrics::flush();
+/// let scraped = prometheus.render();
+/// assert!(scraped.contains(r#"tokio_ratelimit_requests_total{limiter="api",outcome="granted"} 2"#));
+/// assert!(scraped.contains(r#"tokio_ratelimit_permits_granted_total{limiter="api"} 4"#));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn flush() {
+    crate::meter::publish_all();
+}

@@ -83,26 +83,32 @@ pub(crate) fn pick<'a>(first: &'a Stripe, second: &'a Stripe) -> &'a Stripe {
     }
 }
 
-/// The totals of two stripes: (granted permits, refused requests).
+/// The totals of two stripes: (granted permits, refused requests), read
+/// with `Acquire` (see [`Stripe::granted`]).
 pub(crate) fn totals(first: &Stripe, second: &Stripe) -> (u64, u64) {
     [first, second].iter().fold((0, 0), |(g, r), s| {
         (
-            g.wrapping_add(s.granted.load(Ordering::Relaxed)),
-            r.wrapping_add(s.refused.load(Ordering::Relaxed)),
+            g.wrapping_add(s.granted.load(Ordering::Acquire)),
+            r.wrapping_add(s.refused.load(Ordering::Acquire)),
         )
     })
 }
 
 impl Stripe {
+    /// Counts `permits` granted. `Release`: a metrics publisher that reads
+    /// the total with `Acquire` sees what the grant's meter recorded before
+    /// (see `meter::Slot::granted`); free on x86, where every locked add is
+    /// a full barrier.
     #[inline]
     pub(crate) fn granted(&self, permits: u32) {
         self.granted
-            .fetch_add(u64::from(permits), Ordering::Relaxed);
+            .fetch_add(u64::from(permits), Ordering::Release);
     }
 
+    /// Counts a refusal; `Release` as [`granted`](Self::granted) is.
     #[inline]
     pub(crate) fn refused(&self) {
-        self.refused.fetch_add(1, Ordering::Relaxed);
+        self.refused.fetch_add(1, Ordering::Release);
     }
 }
 

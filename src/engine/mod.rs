@@ -48,7 +48,7 @@ mod queue;
 mod waiter;
 
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::task::Waker;
 use std::time::Duration;
 
@@ -56,7 +56,7 @@ use tokio::time::Instant;
 
 pub(crate) use crate::algorithm::Reserve;
 use crate::algorithm::{Release, Taken};
-use crate::meter::Refusal;
+use crate::meter::{Publish, Refusal};
 use crate::reservation::{Hold, Reservation};
 use crate::stats::{self, Stats, Stripe};
 use crate::{AcquireError, TryAcquireError, clock};
@@ -228,6 +228,24 @@ pub(crate) struct Engine<S: Schedule> {
     stripe_b: Stripe,
 }
 
+/// A named limiter's grants reach the recorder from its permit counter
+/// (see `crate::meter`).
+impl<S: Schedule> Publish for Engine<S> {
+    fn publish(&self) {
+        self.meter
+            .publish(stats::totals(&self.stripe_a, &self.stripe_b));
+    }
+}
+
+/// A named limiter's last grants are published as it goes.
+impl<S: Schedule> Drop for Engine<S> {
+    fn drop(&mut self) {
+        if self.meter.is_on() {
+            self.publish();
+        }
+    }
+}
+
 impl<S: Schedule> Engine<S> {
     /// Builds the engine. Nothing is spawned: an actor, if `waking` says
     /// so, is started by the first waiter (see `actor.rs`).
@@ -238,7 +256,7 @@ impl<S: Schedule> Engine<S> {
         waking: Waking,
         meter: crate::meter::Slot,
     ) -> Arc<Engine<S>> {
-        Arc::new(Engine {
+        let engine = Arc::new(Engine {
             schedule,
             queue: Mutex::new(Queue::new(books)),
             kind,
@@ -246,7 +264,10 @@ impl<S: Schedule> Engine<S> {
             meter,
             stripe_a: Stripe::default(),
             stripe_b: Stripe::default(),
-        })
+        });
+        let owner: Weak<dyn Publish> = Arc::downgrade(&engine) as Weak<dyn Publish>;
+        engine.meter.register(owner);
+        engine
     }
 
     /// The waking of an engine that asks for an actor: its builder must be
@@ -327,16 +348,15 @@ impl<S: Schedule> Engine<S> {
         }
         match S::try_take(self, n) {
             Taken::Granted => {
-                self.counts().granted(n);
-                self.meter.granted(n);
+                self.meter.granted(n, |n| self.counts().granted(n));
                 if tracing::enabled!(tracing::Level::TRACE) {
                     self.trace_granted(n);
                 }
                 Ok(())
             }
             Taken::Limited(retry_after) => {
-                self.counts().refused();
-                self.meter.refused(Refusal::Limited);
+                self.meter
+                    .refused(Refusal::Limited, || self.counts().refused());
                 if tracing::enabled!(tracing::Level::TRACE) {
                     self.trace_limited(n, retry_after);
                 }
@@ -356,8 +376,8 @@ impl<S: Schedule> Engine<S> {
         } else if n == 0 {
             Ok(())
         } else {
-            self.counts().refused();
-            self.meter.refused(Refusal::TooLarge);
+            self.meter
+                .refused(Refusal::TooLarge, || self.counts().refused());
             Err(TryAcquireError::InsufficientCapacity)
         }
     }
@@ -446,8 +466,8 @@ impl<S: Schedule> Engine<S> {
             Some(deadline) => clock::timeout_at(deadline, waiter)
                 .await
                 .unwrap_or_else(|_| {
-                    self.counts().refused();
-                    self.meter.refused(Refusal::Timeout);
+                    self.meter
+                        .refused(Refusal::Timeout, || self.counts().refused());
                     Err(AcquireError::Timeout)
                 }),
             None => waiter.await,
@@ -468,8 +488,8 @@ impl<S: Schedule> Engine<S> {
             return Err(AcquireError::Closed);
         }
         if n > self.capacity() {
-            self.counts().refused();
-            self.meter.refused(Refusal::TooLarge);
+            self.meter
+                .refused(Refusal::TooLarge, || self.counts().refused());
             return Err(AcquireError::InsufficientCapacity);
         }
         if n == 0 {
@@ -527,8 +547,7 @@ impl<S: Schedule> Engine<S> {
     /// A held reservation is spent: it leaves the queue for good.
     pub(crate) fn commit(&self, id: u64) {
         let n = self.lock().commit(id);
-        self.counts().granted(n);
-        self.meter.granted(n);
+        self.meter.granted(n, |n| self.counts().granted(n));
         tracing::trace!(limiter = self.kind.name(), id, n, "reservation committed");
     }
 
@@ -536,20 +555,19 @@ impl<S: Schedule> Engine<S> {
     fn settle<T>(&self, n: u32, outcome: &Reserve<T>) -> Result<(), AcquireError> {
         match outcome {
             Reserve::Ready(_) => {
-                self.counts().granted(n);
-                self.meter.granted(n);
+                self.meter.granted(n, |n| self.counts().granted(n));
                 tracing::trace!(limiter = self.kind.name(), n, "granted");
                 Ok(())
             }
             Reserve::Overflow => {
-                self.counts().refused();
-                self.meter.refused(Refusal::Overflow);
+                self.meter
+                    .refused(Refusal::Overflow, || self.counts().refused());
                 tracing::debug!(limiter = self.kind.name(), n, "overflow: request discarded");
                 Err(AcquireError::Overflow)
             }
             Reserve::TooLong => {
-                self.counts().refused();
-                self.meter.refused(Refusal::Timeout);
+                self.meter
+                    .refused(Refusal::Timeout, || self.counts().refused());
                 Err(AcquireError::Timeout)
             }
             Reserve::Closed => Err(AcquireError::Closed),

@@ -121,8 +121,7 @@ impl<S: Schedule> Engine<S> {
         match outcome {
             Ok((State::Granted, n)) => {
                 if grant == Grant::Spend {
-                    self.counts().granted(n);
-                    self.meter.granted(n);
+                    self.meter.granted(n, |n| self.counts().granted(n));
                 }
                 tracing::trace!(limiter = self.kind.name(), id, "granted after waiting");
                 Ok(Ok(()))

@@ -110,6 +110,14 @@ struct Inner<K, L, S> {
     meter: crate::meter::Slot,
 }
 
+/// A named map's grants reach the recorder from its permit counter (see
+/// `crate::meter`).
+impl<K: Send + Sync, L: Send + Sync, S: Send + Sync> crate::meter::Publish for Inner<K, L, S> {
+    fn publish(&self) {
+        self.meter.publish(self.counters.totals());
+    }
+}
+
 /// Configures a [`Keyed`]; made by [`Keyed::builder`].
 pub struct KeyedBuilder<K, L, S = RandomState> {
     factory: Option<Make<K, L>>,
@@ -284,6 +292,9 @@ where
             let weak: Weak<dyn Sweep> = Arc::downgrade(&inner) as Weak<dyn Sweep>;
             spawn_sweeper(&runtime, weak, notify, self.sweep_interval, "keyed");
         }
+        let owner: Weak<dyn crate::meter::Publish> =
+            Arc::downgrade(&inner) as Weak<dyn crate::meter::Publish>;
+        inner.meter.register(owner);
         Ok(Keyed { inner })
     }
 }
@@ -294,13 +305,15 @@ where
     L: Limiter + Clone,
     S: BuildHasher,
 {
+    /// Counts a key's answer: granted, or refused by `why` (a closed key's
+    /// refusal, `why` none, is not the key's limit and counts nowhere, as
+    /// [`KeyedStats::limited`] says).
     fn count(&self, n: u32, granted: bool, why: Option<Refusal>) {
         if granted {
-            self.counters.granted(n);
-        } else {
-            self.counters.refused();
+            self.meter.granted(n, |n| self.counters.granted(n));
+        } else if let Some(why) = why {
+            self.meter.refused(why, || self.counters.refused());
         }
-        self.meter.answered(n, granted, why);
     }
 
     fn make(&self, key: &K) -> Option<L> {
@@ -363,6 +376,10 @@ impl<K, L, S> Drop for Inner<K, L, S> {
         if let Some(notify) = &self.sweeper {
             notify.notify_one();
         }
+        // A named map's last grants are published as it goes.
+        if self.meter.is_on() {
+            self.meter.publish(self.counters.totals());
+        }
     }
 }
 
@@ -418,7 +435,7 @@ where
             }
             // Not the key's doing: the map is full (a 503, not a 429).
             Err(Unavailable::Refused { .. }) => {
-                self.inner.meter.refused(Refusal::Unavailable);
+                self.inner.meter.refused_uncounted(Refusal::Unavailable);
                 Err(TryAcquireError::Unavailable)
             }
             Err(Unavailable::Failed) => Err(TryAcquireError::Closed),

@@ -270,6 +270,9 @@ where
             let weak: Weak<dyn Sweep> = Arc::downgrade(&inner) as Weak<dyn Sweep>;
             spawn_sweeper(&runtime, weak, notify, interval, "keyed_funnel");
         }
+        let owner: Weak<dyn crate::meter::Publish> =
+            Arc::downgrade(&inner) as Weak<dyn crate::meter::Publish>;
+        inner.meter.register(owner);
         Ok(KeyedFunnel { inner })
     }
 }

@@ -229,21 +229,19 @@ where
     fn count(&self, n: u32, poured: Poured) -> Result<(), TryAcquireError> {
         match poured {
             Poured::Granted => {
-                self.counters.granted(n);
-                self.meter.granted(n);
+                self.meter.granted(n, |n| self.counters.granted(n));
                 Ok(())
             }
             Poured::Limited(refusal) => {
-                self.counters.refused();
                 let refusal = Err(refusal);
                 if let Some(why) = Refusal::of_try(&refusal) {
-                    self.meter.refused(why);
+                    self.meter.refused(why, || self.counters.refused());
                 }
                 refusal
             }
             // Not the key's doing: the map is full (a 503, not a 429).
             Poured::MapFull { .. } => {
-                self.meter.refused(Refusal::Unavailable);
+                self.meter.refused_uncounted(Refusal::Unavailable);
                 Err(TryAcquireError::Unavailable)
             }
         }
@@ -482,6 +480,17 @@ impl<K, S> Drop for Inner<K, S> {
         if let Some(notify) = &self.sweeper {
             notify.notify_one();
         }
+        if self.meter.is_on() {
+            self.meter.publish(self.counters.totals());
+        }
+    }
+}
+
+/// A named map's grants reach the recorder from its permit counter (see
+/// `crate::meter`).
+impl<K: Send + Sync, S: Send + Sync> crate::meter::Publish for Inner<K, S> {
+    fn publish(&self) {
+        self.meter.publish(self.counters.totals());
     }
 }
 
@@ -660,8 +669,8 @@ where
         loop {
             match self.inner.pour_key(key, tier, n) {
                 Poured::Granted => {
-                    self.inner.counters.granted(n);
-                    self.inner.meter.granted(n);
+                    let inner = &self.inner;
+                    inner.meter.granted(n, |n| inner.counters.granted(n));
                     return Ok(());
                 }
                 Poured::Limited(TryAcquireError::Limited { retry_after })
@@ -670,8 +679,10 @@ where
                     clock::sleep(retry_after).await;
                 }
                 Poured::Limited(TryAcquireError::InsufficientCapacity) => {
-                    self.inner.counters.refused();
-                    self.inner.meter.refused(Refusal::TooLarge);
+                    let inner = &self.inner;
+                    inner
+                        .meter
+                        .refused(Refusal::TooLarge, || inner.counters.refused());
                     return Err(AcquireError::InsufficientCapacity);
                 }
                 Poured::Limited(_) => return Err(AcquireError::Closed),
