@@ -40,6 +40,10 @@ pub(crate) struct Smooth {
     /// `try_acquire` that comes before it owes, and is refused without the
     /// lock (see [`Smooth::try_take`]).
     next_free: AtomicU64,
+    /// The time of the change that published `next_free` (ns since the
+    /// origin: the clock reading it was made at), stored before it: a
+    /// refusal without the lock needs a reading at least as late.
+    changed_at: AtomicU64,
 }
 
 /// The state machine and its versions, under the engine's lock.
@@ -91,6 +95,13 @@ impl Books {
     }
 }
 
+/// A lock-free refusal due within this much reads the clock again, in
+/// order, before it refuses (see [`Smooth::try_take`]): a read out of order
+/// runs ahead of the load it follows by at most a cache miss or so, far
+/// less than this; the ordered read costs some tens of nanoseconds, paid
+/// only by refusals this close to their turn.
+const NEAR_NANOS: u64 = 1_000;
+
 impl Smooth {
     /// Time since the origin on the limiter's clock.
     #[inline]
@@ -104,12 +115,13 @@ impl Smooth {
     ///
     /// Only a debt is published: a ticket after `now`. A ticket at or
     /// before it (a grant that spent stored permits leaves it at the time
-    /// of the grant) owes nothing to anyone who comes after the change;
-    /// published, it would refuse a caller whose clock, read a moment
-    /// before the change landed, reads earlier than the change's.
+    /// of the grant) owes nothing to anyone who comes after the change.
+    /// `now` is published too: a caller whose reading is earlier (stale)
+    /// reads again before it refuses.
     fn publish(&self, books: &Books, now: u64) {
         let ticket = books.state.next_free_nanos();
         let owed = if ticket > now { ticket } else { 0 };
+        self.changed_at.store(now, Ordering::Relaxed);
         self.next_free.store(owed, Ordering::Release);
     }
 }
@@ -142,15 +154,27 @@ impl Schedule for Smooth {
         // A caller that comes before the next free ticket owes: refused
         // without the lock, with what the locked path would say (the ticket
         // is after `now`, so after the arrival time too, which is never
-        // later). Only a debt is published (see `publish`): the ticket is
-        // after the time of the change that left it, so the refusal holds
-        // even if this clock reads earlier than that change's (the counter
-        // is not ordered with the load). A ticket about to move back reads
-        // as a refusal just before that change.
+        // later). Only a debt is published (see `publish`). A ticket about
+        // to move back reads as a refusal just before that change.
         let owed = smooth.next_free.load(Ordering::Acquire);
-        let now_nanos = smooth.origin.elapsed_nanos();
+        let mut now_nanos = smooth.origin.elapsed_nanos();
         if owed > now_nanos {
-            return Taken::Limited(Duration::from_nanos(owed - now_nanos));
+            // The debt holds for a reading at or after the change that left
+            // it. One before it is stale (the thread was preempted between
+            // its read and here, or the counter was read out of order,
+            // before a grant this call has already seen); one just after
+            // it may be too, as the counter is read while the load waits
+            // for the line the change was written to. Then read again, in
+            // order (after the load), and refuse only if still owed: that
+            // reading is this call's time as much as the first was.
+            if now_nanos < smooth.changed_at.load(Ordering::Relaxed)
+                || owed - now_nanos <= NEAR_NANOS
+            {
+                now_nanos = smooth.origin.elapsed_nanos_ordered();
+            }
+            if owed > now_nanos {
+                return Taken::Limited(Duration::from_nanos(owed - now_nanos));
+            }
         }
         let mut queue = engine.lock();
         if smooth.is_closed() {
@@ -341,6 +365,7 @@ impl Engine<Smooth> {
             origin: clock::Origin::now(),
             closed: AtomicBool::new(false),
             next_free: AtomicU64::new(0),
+            changed_at: AtomicU64::new(0),
         };
         let books = Books {
             state,
@@ -388,4 +413,92 @@ impl Engine<Smooth> {
 /// A time since the origin in nanoseconds, `u64::MAX` beyond (584 years).
 fn nanos(t: Duration) -> u64 {
     u64::try_from(t.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// The lock-free refusal reads the clock again, in order, when its first
+/// reading is stale (before the change that left the debt) or the debt is
+/// nearly paid; on a fake clock whose next reading can be made stale.
+#[cfg(test)]
+mod stale_tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::Duration;
+
+    use crate::clock::fake;
+    use crate::{SmoothBursty, TryAcquireError};
+
+    const START: u64 = 1_000_000_000;
+    const SECOND: u64 = 1_000_000_000;
+
+    /// A 1/s `SmoothBursty` on a fake clock, owing from 2 s to 3 s (two
+    /// permits taken at 2 s: the one stored and one more); the clock's
+    /// time, and the stale reading its next read returns (once) if set.
+    fn owing() -> (SmoothBursty, Arc<AtomicU64>, Arc<AtomicU64>) {
+        let now = Arc::new(AtomicU64::new(START));
+        let stale = Arc::new(AtomicU64::new(0));
+        let (read_now, read_stale) = (Arc::clone(&now), Arc::clone(&stale));
+        let clock = fake::Clock::new(move || match read_stale.swap(0, Ordering::SeqCst) {
+            0 => read_now.load(Ordering::SeqCst),
+            stale => stale,
+        });
+        let limiter = {
+            let _clock = clock.enter();
+            SmoothBursty::builder()
+                .permits_per_second(1.0)
+                .build()
+                .unwrap()
+        };
+        now.store(START + 2 * SECOND, Ordering::SeqCst);
+        limiter.try_acquire_many(2).unwrap();
+        (limiter, now, stale)
+    }
+
+    fn limited(after: Duration) -> Result<(), TryAcquireError> {
+        Err(TryAcquireError::Limited { retry_after: after })
+    }
+
+    #[test]
+    fn a_reading_from_before_the_change_is_read_again() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let _rt = rt.enter();
+        // A fresh reading at 2.5 s owes half a second.
+        let (limiter, now, stale) = owing();
+        now.store(START + 2 * SECOND + SECOND / 2, Ordering::SeqCst);
+        assert_eq!(limiter.try_acquire(), limited(Duration::from_millis(500)));
+        // A caller that read 1.5 s (preempted since) decides at 3.5 s:
+        // its own time then owes nothing.
+        now.store(START + 3 * SECOND + SECOND / 2, Ordering::SeqCst);
+        stale.store(START + SECOND + SECOND / 2, Ordering::SeqCst);
+        assert_eq!(limiter.try_acquire(), Ok(()));
+
+        // Read again and still owed: refused for what the second reading
+        // owes.
+        let (limiter, now, stale) = owing();
+        now.store(START + 2 * SECOND + SECOND / 4, Ordering::SeqCst);
+        stale.store(START + SECOND + SECOND / 2, Ordering::SeqCst);
+        assert_eq!(limiter.try_acquire(), limited(Duration::from_millis(750)));
+    }
+
+    #[test]
+    fn a_debt_nearly_paid_is_read_again() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let _rt = rt.enter();
+        // Read 500 ns before the turn (after the change: not stale), at
+        // the turn by the time of the decision.
+        let (limiter, now, stale) = owing();
+        now.store(START + 3 * SECOND, Ordering::SeqCst);
+        stale.store(START + 3 * SECOND - 500, Ordering::SeqCst);
+        assert_eq!(limiter.try_acquire(), Ok(()));
+        // 2 µs before it: refused at once, on the first reading.
+        let (limiter, now, stale) = owing();
+        now.store(START + 3 * SECOND, Ordering::SeqCst);
+        stale.store(START + 3 * SECOND - 2_000, Ordering::SeqCst);
+        assert_eq!(limiter.try_acquire(), limited(Duration::from_micros(2)));
+    }
 }
