@@ -91,9 +91,9 @@ struct Meter {
     granted: metrics::Counter,
     permits: metrics::Counter,
     /// Σ (n − 1) over the grants of more than one permit.
-    extra: std::sync::atomic::AtomicU64,
+    extra: crate::sync::AtomicU64,
     /// The refusals the owner counts that are not `Limited`.
-    others: std::sync::atomic::AtomicU64,
+    others: crate::sync::AtomicU64,
     /// What was added to `granted`, `permits` and the `limited` refusals
     /// so far; the lock makes the publishers take turns.
     published: std::sync::Mutex<Published>,
@@ -167,8 +167,8 @@ impl Slot {
             meter: Some(Box::new(Meter {
                 granted: outcome("granted"),
                 permits: metrics::counter!(PERMITS, "limiter" => limiter.clone()),
-                extra: std::sync::atomic::AtomicU64::new(0),
-                others: std::sync::atomic::AtomicU64::new(0),
+                extra: crate::sync::AtomicU64::new(0),
+                others: crate::sync::AtomicU64::new(0),
                 published: std::sync::Mutex::new(Published::default()),
                 refused: Refusal::ALL.map(|r| outcome(r.label())),
                 waiting: metrics::gauge!(WAITING, "limiter" => limiter.clone()),
@@ -200,7 +200,7 @@ impl Slot {
         if n > 1 {
             if let Some(m) = &self.meter {
                 m.extra
-                    .fetch_add(u64::from(n - 1), std::sync::atomic::Ordering::Relaxed);
+                    .fetch_add(u64::from(n - 1), crate::sync::Ordering::Relaxed);
             }
         }
         count(n);
@@ -218,7 +218,7 @@ impl Slot {
     pub(crate) fn publish(&self, (permits, refused): (u64, u64)) {
         #[cfg(feature = "metrics")]
         if let Some(m) = &self.meter {
-            use std::sync::atomic::Ordering::Relaxed;
+            use crate::sync::Ordering::Relaxed;
             let mut done = m
                 .published
                 .lock()
@@ -268,7 +268,7 @@ impl Slot {
         #[cfg(feature = "metrics")]
         if why != Refusal::Limited {
             if let Some(m) = &self.meter {
-                m.others.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                m.others.fetch_add(1, crate::sync::Ordering::Relaxed);
                 m.refused[why as usize].increment(1);
             }
         }
@@ -471,3 +471,123 @@ mod publisher {
 
 #[cfg(feature = "metrics")]
 pub(crate) use publisher::publish_all;
+
+/// The publisher against a grant and a refusal on another thread, in every
+/// interleaving loom finds (and every value its weak loads may return):
+/// the published requests and `limited` refusals never run ahead of the
+/// answers made, and are exact once the answers are done. (One publisher:
+/// the meter's lock is std's, which loom does not see; publishers take
+/// turns under it anyway.)
+#[cfg(all(test, tokio_ratelimit_loom, feature = "metrics"))]
+mod loom_tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use super::{Refusal, Slot};
+    use crate::stats::{self, Stripe};
+
+    /// What one counter was incremented by in all (std's atomic: an
+    /// observer outside the model).
+    #[derive(Default)]
+    struct Total(AtomicU64);
+
+    impl metrics::CounterFn for Total {
+        fn increment(&self, value: u64) {
+            self.0.fetch_add(value, Ordering::SeqCst);
+        }
+
+        fn absolute(&self, _: u64) {
+            unreachable!("never set absolutely");
+        }
+    }
+
+    /// Records the `granted` and `limited` requests only.
+    struct Recorder {
+        granted: Arc<Total>,
+        limited: Arc<Total>,
+    }
+
+    impl metrics::Recorder for Recorder {
+        fn describe_counter(
+            &self,
+            _: metrics::KeyName,
+            _: Option<metrics::Unit>,
+            _: metrics::SharedString,
+        ) {
+        }
+        fn describe_gauge(
+            &self,
+            _: metrics::KeyName,
+            _: Option<metrics::Unit>,
+            _: metrics::SharedString,
+        ) {
+        }
+        fn describe_histogram(
+            &self,
+            _: metrics::KeyName,
+            _: Option<metrics::Unit>,
+            _: metrics::SharedString,
+        ) {
+        }
+
+        fn register_counter(
+            &self,
+            key: &metrics::Key,
+            _: &metrics::Metadata<'_>,
+        ) -> metrics::Counter {
+            let outcome = key
+                .labels()
+                .find(|l| l.key() == "outcome")
+                .map(metrics::Label::value);
+            match outcome {
+                Some("granted") => metrics::Counter::from_arc(Arc::clone(&self.granted)),
+                Some("limited") => metrics::Counter::from_arc(Arc::clone(&self.limited)),
+                _ => metrics::Counter::noop(),
+            }
+        }
+
+        fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+            metrics::Gauge::noop()
+        }
+
+        fn register_histogram(
+            &self,
+            _: &metrics::Key,
+            _: &metrics::Metadata<'_>,
+        ) -> metrics::Histogram {
+            metrics::Histogram::noop()
+        }
+    }
+
+    #[test]
+    fn loom_published_answers_never_run_ahead() {
+        loom::model(|| {
+            let granted = Arc::new(Total::default());
+            let limited = Arc::new(Total::default());
+            let recorder = Recorder {
+                granted: Arc::clone(&granted),
+                limited: Arc::clone(&limited),
+            };
+            let slot = Arc::new(metrics::with_local_recorder(&recorder, || {
+                Slot::named(Some("loom"), false)
+            }));
+            // The owner's counters: one stripe (the other stays empty).
+            let stripes = Arc::new([Stripe::default(), Stripe::default()]);
+            let answers = {
+                let (slot, stripes) = (Arc::clone(&slot), Arc::clone(&stripes));
+                loom::thread::spawn(move || {
+                    slot.granted(3, |n| stripes[0].granted(n));
+                    slot.refused(Refusal::TooLarge, || stripes[0].refused());
+                })
+            };
+            slot.publish(stats::totals(&stripes[0], &stripes[1]));
+            // One grant (of three permits) at most, no rate refusal.
+            assert!(granted.0.load(Ordering::SeqCst) <= 1);
+            assert_eq!(limited.0.load(Ordering::SeqCst), 0);
+            answers.join().unwrap();
+            slot.publish(stats::totals(&stripes[0], &stripes[1]));
+            assert_eq!(granted.0.load(Ordering::SeqCst), 1);
+            assert_eq!(limited.0.load(Ordering::SeqCst), 0);
+        });
+    }
+}

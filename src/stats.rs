@@ -1,7 +1,11 @@
 //! `Stats`: what a limiter has done, for metrics and logs.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
+
+// The counters go through `crate::sync` so that the metrics publisher's
+// loom model (in `meter.rs`) sees them as loom atomics.
+use crate::sync::{AtomicU64, Ordering};
 
 /// A limiter's counters and its state now, from `stats()`.
 ///
@@ -76,7 +80,7 @@ pub(crate) fn pick<'a>(first: &'a Stripe, second: &'a Stripe) -> &'a Stripe {
         1 => first,
         2 => second,
         _ => {
-            let second_stripe = NEXT.fetch_add(1, Ordering::Relaxed) % 2 == 1;
+            let second_stripe = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 2 == 1;
             STRIPE.with(|stripe| stripe.set(if second_stripe { 2 } else { 1 }));
             if second_stripe { second } else { first }
         }
