@@ -445,10 +445,17 @@ mod stale_tests {
     const START: u64 = 1_000_000_000;
     const SECOND: u64 = 1_000_000_000;
 
-    /// A 1/s `SmoothBursty` on a fake clock, owing from 2 s to 3 s (two
-    /// permits taken at 2 s: the one stored and one more); the clock's
+    /// A runtime to build limiters in (their waiters' timers).
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap()
+    }
+
+    /// A `SmoothBursty` of `rate` on a fake clock at `START`; the clock's
     /// time, and the stale reading its next read returns (once) if set.
-    fn owing() -> (SmoothBursty, Arc<AtomicU64>, Arc<AtomicU64>) {
+    fn on_fake_clock(rate: f64) -> (SmoothBursty, Arc<AtomicU64>, Arc<AtomicU64>) {
         let now = Arc::new(AtomicU64::new(START));
         let stale = Arc::new(AtomicU64::new(0));
         let (read_now, read_stale) = (Arc::clone(&now), Arc::clone(&stale));
@@ -456,13 +463,18 @@ mod stale_tests {
             0 => read_now.load(Ordering::SeqCst),
             stale => stale,
         });
-        let limiter = {
-            let _clock = clock.enter();
-            SmoothBursty::builder()
-                .permits_per_second(1.0)
-                .build()
-                .unwrap()
-        };
+        let _clock = clock.enter();
+        let limiter = SmoothBursty::builder()
+            .permits_per_second(rate)
+            .build()
+            .unwrap();
+        (limiter, now, stale)
+    }
+
+    /// A 1/s limiter (see [`on_fake_clock`]) owing from 2 s to 3 s (two
+    /// permits taken at 2 s: the one stored and one more).
+    fn owing() -> (SmoothBursty, Arc<AtomicU64>, Arc<AtomicU64>) {
+        let (limiter, now, stale) = on_fake_clock(1.0);
         now.store(START + 2 * SECOND, Ordering::SeqCst);
         limiter.try_acquire_many(2).unwrap();
         (limiter, now, stale)
@@ -474,10 +486,7 @@ mod stale_tests {
 
     #[test]
     fn a_reading_from_before_the_change_is_read_again() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .build()
-            .unwrap();
+        let rt = runtime();
         let _rt = rt.enter();
         // A fresh reading at 2.5 s owes half a second.
         let (limiter, now, stale) = owing();
@@ -502,19 +511,9 @@ mod stale_tests {
     /// the free first again, without the lock-free check in the way.
     #[test]
     fn a_debt_given_back_is_no_longer_published() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .build()
-            .unwrap();
+        let rt = runtime();
         let _rt = rt.enter();
-        let clock = fake::Clock::new(|| START);
-        let limiter = {
-            let _clock = clock.enter();
-            SmoothBursty::builder()
-                .permits_per_second(1.0)
-                .build()
-                .unwrap()
-        };
+        let (limiter, _, _) = on_fake_clock(1.0);
         let held = rt.block_on(limiter.reserve(1)).unwrap();
         assert_eq!(limiter.try_acquire(), limited(Duration::from_secs(1)));
         drop(held);
@@ -528,21 +527,9 @@ mod stale_tests {
     /// the lock, exactly.
     #[test]
     fn a_small_debt_is_refused_under_the_lock() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .build()
-            .unwrap();
+        let rt = runtime();
         let _rt = rt.enter();
-        let now = Arc::new(AtomicU64::new(START));
-        let read = Arc::clone(&now);
-        let clock = fake::Clock::new(move || read.load(Ordering::SeqCst));
-        let limiter = {
-            let _clock = clock.enter();
-            SmoothBursty::builder()
-                .permits_per_second(2e6)
-                .build()
-                .unwrap()
-        };
+        let (limiter, now, _) = on_fake_clock(2e6);
         limiter.try_acquire().unwrap();
         assert_eq!(limiter.try_acquire(), limited(Duration::from_nanos(500)));
         now.store(START + 499, Ordering::SeqCst);
@@ -558,10 +545,7 @@ mod stale_tests {
 
     #[test]
     fn a_debt_nearly_paid_is_read_again() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .build()
-            .unwrap();
+        let rt = runtime();
         let _rt = rt.enter();
         // Read 500 ns before the turn (after the change: not stale), at
         // the turn by the time of the decision.
