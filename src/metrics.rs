@@ -14,7 +14,7 @@
 //!
 //! | name | kind | labels | what |
 //! |---|---|---|---|
-//! | [`REQUESTS`] | counter | `limiter`, `outcome` | requests answered, by outcome: `granted`, `limited` (`try_acquire` refused for the rate), `overflow` (a leaky bucket's shaper full), `timeout`, `too_large` (`n` over the capacity), `unavailable` (a keyed map full: `max_keys`); `granted` is published each second (see below) |
+//! | [`REQUESTS`] | counter | `limiter`, `outcome` | requests answered, by outcome: `granted`, `limited` (`try_acquire` refused for the rate), `overflow` (a leaky bucket's shaper full), `timeout`, `too_large` (`n` over the capacity), `unavailable` (a keyed map full: `max_keys`); `granted` and `limited` are published each second (see below) |
 //! | [`PERMITS`] | counter | `limiter` | permits granted (the sum of `n`), published each second (see below) |
 //! | [`WAITING`] | gauge | `limiter` | callers waiting in `acquire` now |
 //! | [`WAIT_SECONDS`] | histogram | `limiter` | how long each `acquire` that waited waited, granted or not |
@@ -101,17 +101,19 @@ pub const REDIS: &str = "tokio_ratelimit_redis_total";
 /// Seconds per round trip of a Redis limiter's decision (a histogram).
 pub const REDIS_SECONDS: &str = "tokio_ratelimit_redis_decision_seconds";
 
-/// Publishes now what every named limiter granted since the last time.
+/// Publishes now what every named limiter granted, and refused for the
+/// rate, since the last time.
 ///
-/// The `granted` requests and the permits are not pushed to the recorder
-/// one grant at a time: a named limiter's own permit counter (the one
-/// [`Stats`](crate::Stats) reads) is the count, and a background thread
-/// (`tokio-ratelimit-metrics`, started by the first named limiter) adds
-/// what it grew by to both series every second. A limiter also publishes
-/// itself when dropped. Call `flush` where the series must be exact now,
-/// for instance in the handler that renders them for a scrape (as
-/// `examples/axum_service.rs` does). Refusals, the waiting gauge and the
-/// histograms are recorded as they happen.
+/// The `granted` requests, the permits and the `limited` refusals are not
+/// pushed to the recorder one answer at a time: a named limiter's own
+/// counters (the ones [`Stats`](crate::Stats) reads) are the count, and a
+/// background thread (`tokio-ratelimit-metrics`, started by the first
+/// named limiter) adds what they grew by to those series every second. A
+/// limiter also publishes itself when dropped. Call `flush` where the
+/// series must be exact now, for instance in the handler that renders them
+/// for a scrape (as `examples/axum_service.rs` does). The other refusals,
+/// the waiting gauge, the key count and the histograms are recorded as
+/// they happen.
 ///
 /// # Examples
 ///
