@@ -5,9 +5,10 @@
 //! tests get loom's instead, so that the models in `cell.rs` explore every
 //! interleaving (and every value a weakly ordered load may return) of the
 //! code that goes through this module (the cell, the keyed words, the
-//! bands' published states, the fast clock's segment, the stats counters
-//! and the metrics meter's). Only that code does: the rest of the
-//! crate keeps std's atomics, and the loom run filters the tests by name
+//! bands' published states, the smooth limiters' debt, the fast clock's
+//! segment, the stats counters and the metrics meter's). Only that code
+//! does: the rest of the crate keeps std's atomics, and the loom run
+//! filters the tests by name
 //! (`cargo test --lib loom`), since a loom atomic used outside
 //! `loom::model` panics.
 

@@ -13,7 +13,7 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -34,16 +34,58 @@ pub(crate) struct Smooth {
     origin: clock::Origin,
     /// Set under the lock; read without it on the fast checks.
     closed: AtomicBool,
-    /// The state's next free ticket, in nanoseconds since the origin
-    /// (rounded up), published under the lock after every change when it
-    /// is a debt (after the time of the change; 0 otherwise): a
-    /// `try_acquire` that comes before it owes, and is refused without the
-    /// lock (see [`Smooth::try_take`]).
-    next_free: AtomicU64,
-    /// The time of the change that published `next_free` (ns since the
-    /// origin: the clock reading it was made at), stored before it: a
-    /// refusal without the lock needs a reading at least as late.
-    changed_at: AtomicU64,
+    /// The state's next free ticket when it is a debt, for the refusals
+    /// without the lock (see [`Smooth::try_take`]).
+    debt: Debt,
+}
+
+/// The state's next free ticket, published under the lock for the
+/// refusals without it: a `try_acquire` that comes before it owes.
+///
+/// Two words on one line: the ticket (ns since the origin, rounded up; 0
+/// for no debt) and the time of the change that published it (the clock
+/// reading it was made at), stored before it, so that a caller that loads
+/// the ticket sees that time or a later one (`loom_tests` checks it): a
+/// refusal without the lock needs a reading at least as late. Through
+/// `crate::sync`, for that model.
+struct Debt {
+    owed: crate::sync::AtomicU64,
+    changed_at: crate::sync::AtomicU64,
+}
+
+impl Debt {
+    fn new() -> Debt {
+        Debt {
+            owed: crate::sync::AtomicU64::new(0),
+            changed_at: crate::sync::AtomicU64::new(0),
+        }
+    }
+
+    /// Publishes `owed` (0: none), left by a change made at `now`; under
+    /// the engine's lock. No debt after none writes nothing: the line the
+    /// lock-free checks read then stays in every core's cache.
+    #[inline]
+    fn publish(&self, owed: u64, now: u64) {
+        use crate::sync::Ordering::{Relaxed, Release};
+        if owed == 0 && self.owed.load(Relaxed) == 0 {
+            return;
+        }
+        self.changed_at.store(now, Relaxed);
+        self.owed.store(owed, Release);
+    }
+
+    /// The debt published last (0: none).
+    #[inline]
+    fn owed(&self) -> u64 {
+        self.owed.load(crate::sync::Ordering::Acquire)
+    }
+
+    /// The time of the change that left the debt [`owed`](Self::owed)
+    /// returned (or of a later one), read after it.
+    #[inline]
+    fn changed_at(&self) -> u64 {
+        self.changed_at.load(crate::sync::Ordering::Relaxed)
+    }
 }
 
 /// The state machine and its versions, under the engine's lock.
@@ -128,16 +170,11 @@ impl Smooth {
         } else {
             0
         };
-        // No debt after none: nothing to write, and the line the lock-free
-        // checks read stays in every core's cache (a limiter that is never
-        // exhausted never writes it: a `SmoothBursty` granting from stored
-        // permits leaves no debt, a cold `SmoothWarmingUp` one of a few
-        // intervals).
-        if owed == 0 && self.next_free.load(Ordering::Relaxed) == 0 {
-            return;
-        }
-        self.changed_at.store(now, Ordering::Relaxed);
-        self.next_free.store(owed, Ordering::Release);
+        // A limiter that is never exhausted leaves none (a `SmoothBursty`
+        // granting from stored permits no debt at all, a cold
+        // `SmoothWarmingUp` one of a few intervals): it never writes the
+        // line.
+        self.debt.publish(owed, now);
     }
 }
 
@@ -171,7 +208,7 @@ impl Schedule for Smooth {
         // is after `now`, so after the arrival time too, which is never
         // later). Only a debt is published (see `publish`). A ticket about
         // to move back reads as a refusal just before that change.
-        let owed = smooth.next_free.load(Ordering::Acquire);
+        let owed = smooth.debt.owed();
         let mut now_nanos = smooth.origin.elapsed_nanos();
         if owed > now_nanos {
             // The debt holds for a reading at or after the change that left
@@ -182,9 +219,7 @@ impl Schedule for Smooth {
             // for the line the change was written to. Then read again, in
             // order (after the load), and refuse only if still owed: that
             // reading is this call's time as much as the first was.
-            if now_nanos < smooth.changed_at.load(Ordering::Relaxed)
-                || owed - now_nanos <= NEAR_NANOS
-            {
+            if now_nanos < smooth.debt.changed_at() || owed - now_nanos <= NEAR_NANOS {
                 now_nanos = smooth.origin.elapsed_nanos_ordered();
             }
             if owed > now_nanos {
@@ -379,8 +414,7 @@ impl Engine<Smooth> {
         let smooth = Smooth {
             origin: clock::Origin::now(),
             closed: AtomicBool::new(false),
-            next_free: AtomicU64::new(0),
-            changed_at: AtomicU64::new(0),
+            debt: Debt::new(),
         };
         let books = Books {
             state,
@@ -558,5 +592,39 @@ mod stale_tests {
         now.store(START + 3 * SECOND, Ordering::SeqCst);
         stale.store(START + 3 * SECOND - 2_000, Ordering::SeqCst);
         assert_eq!(limiter.try_acquire(), limited(Duration::from_micros(2)));
+    }
+}
+
+/// A caller that loads a debt sees the time of the change that left it, or
+/// a later one, however the publishing thread's stores land.
+#[cfg(all(test, tokio_ratelimit_loom))]
+mod loom_tests {
+    use loom::sync::Arc;
+
+    use super::Debt;
+
+    #[test]
+    fn loom_a_debt_is_seen_with_its_time() {
+        loom::model(|| {
+            let debt = Arc::new(Debt::new());
+            let publisher = {
+                let debt = Arc::clone(&debt);
+                loom::thread::spawn(move || {
+                    debt.publish(500, 100);
+                    debt.publish(0, 200);
+                    debt.publish(700, 300);
+                })
+            };
+            let owed = debt.owed();
+            let at = debt.changed_at();
+            match owed {
+                0 => {}
+                500 => assert!(at >= 100, "500 owed with time {at}"),
+                700 => assert_eq!(at, 300),
+                other => panic!("{other} was never published"),
+            }
+            publisher.join().unwrap();
+            assert_eq!((debt.owed(), debt.changed_at()), (700, 300));
+        });
     }
 }
