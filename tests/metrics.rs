@@ -297,6 +297,59 @@ async fn a_keyed_map_of_buckets_records_answers_and_keys() {
     assert_eq!((map.stats().granted, map.stats().limited), (2, 1));
 }
 
+/// A keyed map whose factory names its per-key limiters (as the module
+/// docs advise): every key's limiter adds into the one series; a key swept
+/// away publishes its last answers as its limiter is dropped, and the key
+/// made again adds on from there (never a reset); the map's own series
+/// count the same answers.
+#[tokio::test(start_paused = true)]
+async fn per_key_limiters_named_in_the_factory_add_into_one_series() {
+    let m = recorded();
+    let map: Keyed<u32, TokenBucket> = Keyed::builder()
+        .limiter(|| {
+            TokenBucket::builder()
+                .rate(Rate::per_second(10))
+                .capacity(2)
+                .name("per_key")
+                .build()
+        })
+        .background_sweep(false)
+        .name("map")
+        .build()
+        .unwrap();
+    map.try_acquire_many(&1, 2).unwrap();
+    map.try_acquire(&1).unwrap_err();
+    map.try_acquire(&2).unwrap();
+    map.try_acquire(&3).unwrap();
+    map.try_acquire(&3).unwrap();
+    map.try_acquire(&3).unwrap_err();
+    // Requests granted, permits, `limited` refusals, after a flush.
+    let flushed = |limiter: &str| {
+        let [granted, limited, ..] = m.outcomes(limiter);
+        (
+            granted,
+            m.of("tokio_ratelimit_permits_granted_total", limiter),
+            limited,
+        )
+    };
+    assert_eq!(flushed("per_key"), (4.0, 5.0, 2.0));
+    assert_eq!(flushed("map"), (4.0, 5.0, 2.0));
+
+    // More answers, not flushed; then every key swept away (refilled after
+    // 200 ms): each limiter publishes its own as it is dropped.
+    map.try_acquire(&2).unwrap();
+    map.try_acquire(&2).unwrap_err();
+    tokio::time::advance(ms(200)).await;
+    assert_eq!(map.sweep(), 0);
+    assert_eq!(m.unflushed_of("per_key"), (5.0, 6.0, 3.0));
+
+    // Key 1 again: a new limiter under the same name adds on.
+    map.try_acquire_many(&1, 2).unwrap();
+    map.try_acquire(&1).unwrap_err();
+    assert_eq!(flushed("per_key"), (6.0, 8.0, 4.0));
+    assert_eq!(flushed("map"), (6.0, 8.0, 4.0));
+}
+
 /// An empty name is refused at build, by every builder: a `limiter=""`
 /// label would merge every limiter so named into one series.
 #[tokio::test(start_paused = true)]
