@@ -135,7 +135,7 @@ fn run(cell: &Cell, ops: &[Op]) -> Vec<Outcome> {
         .map(|&op| match op {
             Op::Pour(now, n) => Outcome::Pour(cell.try_pour(now, n)),
             Op::Reserve(now, n) => {
-                Outcome::Reserve(cell.reserve(now, n, Release::Tokens, None, Wait::Queue))
+                Outcome::Reserve(cell.reserve_at(now, n, Release::Tokens, None, Wait::Queue))
             }
             Op::SetParams(new, now) => {
                 let before = cell.snapshot().params;
@@ -304,10 +304,10 @@ fn loom_refund_against_pours() {
         let cell = &bucket.cell;
         let mut queue = Queue::<Bucket>::new(Configured::new(Rate::per_second(10)));
         assert!(matches!(
-            cell.reserve(0, 2, Release::Tokens, None, Wait::Queue),
+            cell.reserve_at(0, 2, Release::Tokens, None, Wait::Queue),
             Reserve::Ready(_)
         ));
-        let Reserve::Queued(r) = cell.reserve(0, 1, Release::Tokens, None, Wait::Queue) else {
+        let Reserve::Queued(r) = cell.reserve_at(0, 1, Release::Tokens, None, Wait::Queue) else {
             panic!("the second waiter queues")
         };
         let (id, _) = queue.push(1, crate::engine::Turn::tokens(r.end), Grant::Spend);

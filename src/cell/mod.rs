@@ -313,22 +313,49 @@ impl Cell {
         self.narrow.load(Ordering::Relaxed) < NARROW_LIMIT
     }
 
-    /// [`take`](Self::take) as a `Result`: `Err(Some(wait))` is a refusal
-    /// with the exact wait, `Err(None)` means closed.
+    /// [`take_at`](Self::take_at) as a `Result`: `Err(Some(wait))` is a
+    /// refusal with the exact wait, `Err(None)` means closed.
     #[cfg(test)]
     pub(crate) fn try_pour(&self, now_nanos: u128, n: u32) -> Result<(), Option<Duration>> {
-        match self.take(now_nanos, n) {
+        match self.take_at(now_nanos, n) {
             Taken::Granted => Ok(()),
             Taken::Limited(wait) => Err(Some(wait)),
             Taken::Closed => Err(None),
         }
     }
 
+    /// [`take`](Self::take) at `now_nanos` (every reading of the clock
+    /// reads that).
+    #[cfg(test)]
+    pub(crate) fn take_at(&self, now_nanos: u128, n: u32) -> Taken {
+        self.take_reading(n, || now_nanos)
+    }
+
     /// The meter (`try_acquire`): pours `n` units if they fit now, else
     /// the exact wait, or closed. The caller has checked `1 <= n <=
     /// capacity`.
+    ///
+    /// Each decision reads the clock after the state it decides on (see
+    /// [`take_reading`](Self::take_reading)).
     #[inline]
-    pub(crate) fn take(&self, now_nanos: u128, n: u32) -> Taken {
+    pub(crate) fn take(&self, n: u32) -> Taken {
+        self.take_reading(n, || self.now_nanos())
+    }
+
+    /// [`take`](Self::take) with `clock` for the readings.
+    ///
+    /// The clock is read after the state, in program order, for every
+    /// decision (a lost swap loads the state and reads the clock again):
+    /// a thread preempted between the two reads the later time, so the
+    /// state it decides on is never newer than its reading. Read the other
+    /// way round, a reading could be older than a grant another thread
+    /// made while this one was preempted, and refuse a request that fits
+    /// at the time it is decided, by as much as the preemption lasted.
+    /// (What is left is the processor's: the counter read may run ahead of
+    /// the load before it by about a cache miss; see ARCHITECTURE.md,
+    /// "Readings out of order".)
+    #[inline]
+    fn take_reading(&self, n: u32, clock: impl Fn() -> u128) -> Taken {
         // The narrow cell in 64-bit arithmetic; anything that does not fit
         // goes the general way, which widens the cell.
         loop {
@@ -337,6 +364,7 @@ impl Cell {
                 break;
             }
             let params = self.params_relaxed();
+            let now_nanos = clock();
             // Whole-nanosecond intervals (`den` 1, most rates) skip the
             // multiply: it would sit between the clock and the swap.
             let now = match u64::try_from(now_nanos) {
@@ -369,18 +397,18 @@ impl Cell {
                 _ => break,
             }
         }
-        self.try_pour_wide(now_nanos, n).into()
+        self.take_wide(n, clock).into()
     }
 
-    /// [`try_pour`](Self::try_pour) through the general snapshot.
+    /// [`take_reading`](Self::take_reading) through the general snapshot.
     #[cold]
-    fn try_pour_wide(&self, now_nanos: u128, n: u32) -> Result<(), Option<Duration>> {
+    fn take_wide(&self, n: u32, clock: impl Fn() -> u128) -> Result<(), Option<Duration>> {
         loop {
             let s = self.read();
             if s.is_closed() {
                 return Err(None);
             }
-            let now = s.params.scale_nanos(now_nanos);
+            let now = s.params.scale_nanos(clock());
             match s.params.try_pour(s.tat(), now, n) {
                 Ok(end) => {
                     if self.swap(&s, end) {
@@ -398,13 +426,41 @@ impl Cell {
         }
     }
 
-    /// A waiter's reservation of `n` units at `now_nanos`.
+    /// A waiter's reservation of `n` units now.
     ///
     /// Pours if the caller may proceed at once; otherwise as `wait` says.
     /// Refuses with `TooLong` when the wait would exceed `max_wait_nanos`.
+    ///
+    /// As [`take`](Self::take), the clock is read after the state each
+    /// attempt decides on: a request that does not fit (an overflow, a
+    /// wait too long) is never refused for a grant made after its reading.
     pub(crate) fn reserve(
         &self,
+        n: u32,
+        release: Release,
+        max_wait_nanos: Option<u128>,
+        wait: Wait,
+    ) -> Reserve<Place> {
+        self.reserve_reading(|| self.now_nanos(), n, release, max_wait_nanos, wait)
+    }
+
+    /// [`reserve`](Self::reserve) at `now_nanos`.
+    #[cfg(test)]
+    pub(crate) fn reserve_at(
+        &self,
         now_nanos: u128,
+        n: u32,
+        release: Release,
+        max_wait_nanos: Option<u128>,
+        wait: Wait,
+    ) -> Reserve<Place> {
+        self.reserve_reading(|| now_nanos, n, release, max_wait_nanos, wait)
+    }
+
+    /// [`reserve`](Self::reserve) with `clock` for the readings.
+    fn reserve_reading(
+        &self,
+        clock: impl Fn() -> u128,
         n: u32,
         release: Release,
         max_wait_nanos: Option<u128>,
@@ -415,6 +471,7 @@ impl Cell {
             if s.is_closed() {
                 return Reserve::Closed;
             }
+            let now_nanos = clock();
             let now = s.params.scale_nanos(now_nanos);
             let arrival = self.arrival(&s, now_nanos, now);
             let Ok(r) = s.params.reserve(s.tat(), now, arrival, n, release) else {
@@ -653,18 +710,18 @@ mod tests {
     fn reserve_outcomes() {
         let c = cell(Rate::per_second(10), 1);
         assert!(matches!(
-            c.reserve(0, 1, Release::Tokens, None, Wait::Refuse),
+            c.reserve_at(0, 1, Release::Tokens, None, Wait::Refuse),
             Reserve::Ready(_)
         ));
         assert_eq!(
-            c.reserve(0, 1, Release::Tokens, None, Wait::Refuse),
+            c.reserve_at(0, 1, Release::Tokens, None, Wait::Refuse),
             Reserve::WouldWait
         );
         assert_eq!(
-            c.reserve(0, 1, Release::Tokens, Some(99 * MS), Wait::Queue),
+            c.reserve_at(0, 1, Release::Tokens, Some(99 * MS), Wait::Queue),
             Reserve::TooLong
         );
-        let Reserve::Queued(r) = c.reserve(0, 1, Release::Tokens, Some(100 * MS), Wait::Queue)
+        let Reserve::Queued(r) = c.reserve_at(0, 1, Release::Tokens, Some(100 * MS), Wait::Queue)
         else {
             panic!()
         };
@@ -673,11 +730,11 @@ mod tests {
         // The shaper overflows instead of queueing past the capacity.
         let s = cell(Rate::per_second(10), 1);
         assert!(matches!(
-            s.reserve(0, 1, Release::Water, None, Wait::Queue),
+            s.reserve_at(0, 1, Release::Water, None, Wait::Queue),
             Reserve::Ready(_)
         ));
         assert_eq!(
-            s.reserve(0, 1, Release::Water, None, Wait::Queue),
+            s.reserve_at(0, 1, Release::Water, None, Wait::Queue),
             Reserve::Overflow
         );
     }
@@ -760,7 +817,7 @@ mod tests {
         assert!(c.is_closed());
         assert_eq!(c.try_pour(0, 1), Err(None));
         assert_eq!(
-            c.reserve(0, 1, Release::Tokens, None, Wait::Queue),
+            c.reserve_at(0, 1, Release::Tokens, None, Wait::Queue),
             Reserve::Closed
         );
 
@@ -786,7 +843,7 @@ mod tests {
         let c = cell(rate, 1);
         let just_below = (u128::from(NARROW_LIMIT) - 1) / u128::from(c.snapshot().params.den());
         assert!(matches!(
-            c.reserve(just_below, 1, Release::Tokens, None, Wait::Queue),
+            c.reserve_at(just_below, 1, Release::Tokens, None, Wait::Queue),
             Reserve::Ready(_)
         ));
         assert!(!c.is_narrow());
@@ -849,8 +906,8 @@ mod tests {
                         Op::Reserve(n, water) => {
                             let release = if water { Release::Water } else { Release::Tokens };
                             prop_assert_eq!(
-                                narrow.reserve(now, n, release, Some(150 * MS), Wait::Queue),
-                                wide.reserve(now, n, release, Some(150 * MS), Wait::Queue)
+                                narrow.reserve_at(now, n, release, Some(150 * MS), Wait::Queue),
+                                wide.reserve_at(now, n, release, Some(150 * MS), Wait::Queue)
                             );
                         }
                         Op::Refund(amount) => {

@@ -11,6 +11,8 @@ pub(crate) mod fake;
 #[cfg(feature = "fast-clock")]
 pub(crate) mod fast;
 #[cfg(test)]
+mod preempt_tests;
+#[cfg(test)]
 mod skew_tests;
 
 use std::hash::{Hash, Hasher};

@@ -144,8 +144,7 @@ impl Schedule for Bucket {
 
     #[inline]
     fn try_take(engine: &Engine<Self>, n: u32) -> Taken {
-        let cell = &engine.schedule().cell;
-        cell.take(cell.now_nanos(), n)
+        engine.schedule().cell.take(n)
     }
 
     fn reserve_unlocked(
@@ -154,10 +153,9 @@ impl Schedule for Bucket {
         max_wait: Option<Duration>,
         waits: Waits,
     ) -> Option<Reserve<()>> {
-        let now = self.cell.now_nanos();
         let max_wait = max_wait.map(|d| d.as_nanos());
         let release = waits.rule(self.cell.release);
-        match self.cell.reserve(now, n, release, max_wait, Wait::Refuse) {
+        match self.cell.reserve(n, release, max_wait, Wait::Refuse) {
             Reserve::WouldWait => None,
             outcome => Some(outcome.map(|_| ())),
         }
@@ -170,14 +168,13 @@ impl Schedule for Bucket {
         max_wait: Option<Duration>,
         waits: Waits,
     ) -> Reserve<Turn> {
-        // Read the clock under the lock: time may have passed while waiting
-        // for it, and a stale `now` overstates the water (a shaper would
-        // overflow wrongly).
-        let now = self.cell.now_nanos();
+        // The clock is read under the lock (by `reserve`, after the state):
+        // time may have passed while waiting for it, and a stale `now`
+        // overstates the water (a shaper would overflow wrongly).
         let max_wait = max_wait.map(|d| d.as_nanos());
         let release = waits.rule(self.cell.release);
         self.cell
-            .reserve(now, n, release, max_wait, Wait::Queue)
+            .reserve(n, release, max_wait, Wait::Queue)
             .map(|place| Turn {
                 end: place.end,
                 release,
