@@ -8,7 +8,7 @@
 //! callgrind_annotate cg.out | head -40
 //! ```
 //!
-//! Arguments: `token|token2|funnel|bursty|governor|keyed|governor_keyed|semaphore|clock`,
+//! Arguments: `token|token2|funnel|bursty|governor|keyed|keyed2|governor_keyed|semaphore|clock`,
 //! `allowed|denied`, and a call count. `keyed` and `governor_keyed` check one
 //! hot `u64` key of a map that holds 1 000 keys (the default hashers; the
 //! quota of the `memory` benchmark: 1/s, burst 10⁷). Subtract a run with a
@@ -123,6 +123,22 @@ fn main() {
                 .capacity(if allowed { 10_000_000 } else { 1 })
                 .build()
                 .unwrap();
+            for key in 0..1000u64 {
+                k.try_acquire(&key).unwrap();
+            }
+            for _ in 0..n {
+                ok += u64::from(k.try_acquire(black_box(&42)).is_ok());
+            }
+        }
+        "keyed2" => {
+            // `keyed` with a second band that never binds (a pair word).
+            let quota = if allowed {
+                tokio_ratelimit::Quota::new(Rate::per_second(1), 10_000_000)
+                    .and(Rate::per_second(2), 20_000_000)
+            } else {
+                tokio_ratelimit::Quota::new(Rate::per_hour(1), 1).and(Rate::per_second(2), 2)
+            };
+            let k: KeyedFunnel<u64> = KeyedFunnel::builder().quota(quota).build().unwrap();
             for key in 0..1000u64 {
                 k.try_acquire(&key).unwrap();
             }

@@ -240,6 +240,7 @@ impl Bands {
     }
 
     /// `ns` nanoseconds in each band's scaled units.
+    #[inline]
     pub(crate) fn scaled(&self, ns: u128) -> PerBand {
         let mut scaled = [0; MAX_BANDS];
         for (s, p) in scaled.iter_mut().zip(self.params()) {

@@ -14,7 +14,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use super::fake;
-use crate::{Funnel, LeakyBucket, Rate, TokenBucket, TryAcquireError};
+use crate::keyed::KeyedFunnel;
+use crate::{Funnel, LeakyBucket, Quota, Rate, TokenBucket, TryAcquireError};
 
 /// Where the clock starts (the fake clocks read nanoseconds).
 const START: u64 = 1_000_000_000;
@@ -48,8 +49,11 @@ impl Preemptible {
             fake::Clock::new(move || match armed.swap(0, Ordering::SeqCst) {
                 0 => now.load(Ordering::SeqCst),
                 stale => {
-                    // Another thread's call, at the clock's time.
-                    try_acquire.get().unwrap()(1).unwrap();
+                    // Another thread's call, at the clock's time (on a
+                    // thread of its own: this one may hold a lock the
+                    // call takes).
+                    let other = try_acquire.get().unwrap();
+                    std::thread::scope(|s| s.spawn(|| other(1)).join().unwrap()).unwrap();
                     stale
                 }
             })
@@ -82,10 +86,28 @@ impl Preemptible {
     }
 }
 
-/// The three buckets on the cell, each 1/s with a capacity of 2.
-fn buckets() -> Vec<Build> {
+/// The three buckets on the cell, and a keyed funnel's key in one word
+/// and in a pair: each 1/s with a capacity of 2 (and a band that never
+/// binds). (A key of three bands or more reads the clock under its own
+/// lock: no grant can come between.)
+fn limiters() -> Vec<Build> {
     let rate = Rate::per_second(1);
+    let keyed = |quota: Quota| -> Box<dyn Fn() -> TryAcquire> {
+        Box::new(move || {
+            let map = KeyedFunnel::<u8>::builder()
+                .quota(quota)
+                .background_sweep(false)
+                .build()
+                .unwrap();
+            Box::new(move |n| map.try_acquire_many(&1, n))
+        })
+    };
     vec![
+        ("KeyedFunnel", keyed(Quota::new(rate, 2))),
+        (
+            "KeyedFunnel, 2 bands",
+            keyed(Quota::new(rate, 2).and(Rate::per_second(100), 1000)),
+        ),
         (
             "TokenBucket",
             Box::new(move || {
@@ -151,7 +173,7 @@ fn limited(after: Duration) -> Result<(), TryAcquireError> {
 fn a_grant_made_while_a_caller_was_preempted_does_not_refuse_it() {
     let rt = runtime();
     let _rt = rt.enter();
-    for (name, build) in buckets() {
+    for (name, build) in limiters() {
         let b = Preemptible::new(build);
         b.try_acquire(2).unwrap();
         b.at(3 * SECOND).preempted(SECOND);

@@ -208,12 +208,13 @@ where
     }
 
     /// Runs `f` on the value of an existing key and its shard's epoch, under
-    /// the shard's read lock, to update it at `now` (ns since the origin):
-    /// the hot path, kept free of the insertion machinery. `None` when the
-    /// key is not held, or when its shard must be swept first
-    /// ([`get_or_insert`](Self::get_or_insert) does that).
+    /// the shard's read lock, to update it: the hot path, kept free of the
+    /// insertion machinery. `None` when the key is not held. `f` reads the
+    /// clock itself, after the key's state (with [`reading`](Self::reading),
+    /// which answers `None` when the shard must be swept first:
+    /// [`get_or_insert`](Self::get_or_insert) does that).
     #[inline]
-    pub(crate) fn update<Q, R>(&self, key: &Q, now: u64, f: impl FnOnce(&V, u64) -> R) -> Option<R>
+    pub(crate) fn update<Q, R>(&self, key: &Q, f: impl FnOnce(&V, u64) -> R) -> Option<R>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
@@ -221,13 +222,32 @@ where
         let hash = self.hash(key);
         let shard = self.shard(hash);
         let table = read(&shard.table);
-        let epoch = shard.epoch();
-        if now.saturating_sub(epoch) > self.horizon {
-            return None;
-        }
         table
             .find(hash, |(k, _)| k.borrow() == key)
-            .map(|(_, v)| f(v, epoch))
+            .map(|(_, v)| f(v, shard.epoch()))
+    }
+
+    /// Now (ns since the origin), for a decision in a shard whose epoch is
+    /// `epoch`: no earlier than the epoch (see `KeyedFunnel::pour_key`);
+    /// `None` past the map's horizon of it (the shard must be swept first).
+    #[inline]
+    pub(crate) fn reading(&self, epoch: u64) -> Option<u64> {
+        self.within_horizon(self.now_nanos(), epoch)
+    }
+
+    /// [`reading`](Self::reading) for the reading `now`.
+    #[inline]
+    fn within_horizon(&self, now: u64, epoch: u64) -> Option<u64> {
+        let now = now.max(epoch);
+        (now - epoch <= self.horizon).then_some(now)
+    }
+
+    /// [`reading`](Self::reading) where the shard has just been swept: past
+    /// the horizon (only if this thread was preempted for that long since
+    /// the sweep), the horizon's end, an earlier time than it is.
+    pub(crate) fn reading_swept(&self, epoch: u64) -> u64 {
+        self.reading(epoch)
+            .unwrap_or_else(|| epoch.saturating_add(self.horizon))
     }
 
     /// Runs `f` on the value of `key` and its shard's epoch to update it at
@@ -424,10 +444,11 @@ mod tests {
             .unwrap();
         assert_eq!(epoch_of(1), 0);
         // Within the horizon of the epoch: the hot path takes it.
-        assert_eq!(map.update(&1, 100, |v, epoch| (*v, epoch)), Some((1, 0)));
+        assert_eq!(map.update(&1, |v, epoch| (*v, epoch)), Some((1, 0)));
+        assert_eq!(map.within_horizon(100, 0), Some(100));
         // Past it: the hot path declines, the slow one sweeps (at 101, an
         // epoch the callbacks then see) even though a sweep is not due.
-        assert_eq!(map.update(&1, 101, |v, _| *v), None);
+        assert_eq!(map.within_horizon(101, 0), None);
         let mut judged = Vec::new();
         let seen = map.get_or_insert(
             &1,

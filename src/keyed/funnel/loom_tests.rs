@@ -26,7 +26,7 @@ fn run(epoch: u128, start: u128, pours: &[(u64, u32)]) -> (Vec<(u128, u32)>, u12
             let (word, clock) = (Arc::clone(&word), Arc::clone(&clock));
             thread::spawn(move || {
                 let now = epoch + u128::from(clock.fetch_add(step, Ordering::Relaxed) + step);
-                let granted = decide(&params, &*word, epoch, now, n).is_ok();
+                let granted = decide(&params, &*word, epoch, || Some(now), n) == Some(Ok(()));
                 (now, if granted { n } else { 0 })
             })
         })
@@ -129,7 +129,10 @@ fn loom_two_bands_in_one_word_are_one_decision() {
         let tier = Arc::new(tier);
         let pour = move |word: &Pair, clock: &Clock, tier: &Tier, n: u32| {
             let now = clock.fetch_add(1, Ordering::Relaxed) + 1;
-            (now, word.decide(tier, epoch_ns, now, n).is_ok())
+            (
+                now,
+                word.decide(tier, epoch_ns, || Some(now), n) == Some(Ok(())),
+            )
         };
         let other = {
             let (word, clock, tier) = (Arc::clone(&word), Arc::clone(&clock), Arc::clone(&tier));

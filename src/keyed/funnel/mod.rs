@@ -261,21 +261,21 @@ where
         if n == 0 {
             return Poured::Granted;
         }
-        let now_nanos = self.now_nanos();
         // Every decision reads `now` no earlier than the shard's epoch (a
         // reading the sweep used): on a clock whose readings can come out
         // of order (the fast clock across cores), a key made again after a
         // sweep evicted it must not start behind that sweep, or it would
-        // refill from a time the map has already passed.
+        // refill from a time the map has already passed. And it reads it
+        // after the key's state, for every attempt (see `Stored::decide`).
         // An existing key: a read lock and one compare-and-swap (or, for
         // three bands or more, the key's own lock).
-        let known = with_map!(&self.words, map => map.update(key, now_nanos, |w, epoch| {
-            w.decide(tier, epoch, now_nanos.max(epoch), n)
+        let known = with_map!(&self.words, map => map.update(key, |w, epoch| {
+            w.decide(tier, epoch, || map.reading(epoch), n)
         }));
-        if let Some(result) = known {
+        if let Some(Some(result)) = known {
             return Poured::from(result);
         }
-        let outcome = with_map!(&self.words, map => self.pour(map, key, tier, now_nanos, n));
+        let outcome = with_map!(&self.words, map => self.pour(map, key, tier, n));
         match outcome {
             Ok((result, first)) => {
                 if first {
@@ -304,22 +304,20 @@ where
         if n > tier.capacity || n == 0 {
             return (self.pour_key(key, tier, n), None);
         }
-        let now_nanos = self.now_nanos();
-        let now = u128::from(now_nanos);
-        let known = with_map!(&self.words, map => map.update(key, now_nanos, |w, epoch| {
-            w.decide_and_read(tier, epoch, now_nanos.max(epoch), n)
+        let known = with_map!(&self.words, map => map.update(key, |w, epoch| {
+            w.decide_and_read(tier, epoch, || map.reading(epoch), n)
         }));
-        if let Some((result, tats)) = known {
-            return (Poured::from(result), Some((tats, now)));
+        if let Some(Some((result, tats, now))) = known {
+            return (Poured::from(result), Some((tats, u128::from(now))));
         }
-        let outcome = with_map!(&self.words, map => self.pour_read(map, key, tier, now_nanos, n));
+        let outcome = with_map!(&self.words, map => self.pour_read(map, key, tier, n));
         match outcome {
-            Ok(((result, tats), first)) => {
+            Ok(((result, tats, now), first)) => {
                 if first {
                     self.wake_sweeper();
                 }
                 self.count_keys();
-                (Poured::from(result), Some((tats, now)))
+                (Poured::from(result), Some((tats, u128::from(now))))
             }
             Err(Unavailable::Refused { retry_after }) => {
                 tracing::debug!(?retry_after, "keyed funnel full: new key refused");
@@ -339,23 +337,24 @@ where
         map: &ShardMap<K, W, S>,
         key: &Q,
         tier: &Tier,
-        now_nanos: u64,
         n: u32,
-    ) -> Result<((Result<(), TryAcquireError>, PerBand), bool), Unavailable>
+    ) -> Result<((Result<(), TryAcquireError>, PerBand, u64), bool), Unavailable>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned + ?Sized,
         Q::Owned: Into<K>,
     {
         let units = &self.units;
-        map.get_or_insert(
+        let now_nanos = self.now_nanos();
+        let (decided, first) = map.get_or_insert(
             key,
             || now_nanos,
             || Some(W::fresh(units, now_nanos)),
             |w, epoch| w.is_drained(units, epoch, now_nanos),
             false,
-            |w, epoch| w.decide_and_read(tier, epoch, now_nanos.max(epoch), n),
-        )
+            |w, epoch| w.decide_and_read(tier, epoch, || Some(map.reading_swept(epoch)), n),
+        )?;
+        Ok((decided.expect("a reading is always given"), first))
     }
 
     fn pour<Q, W: Stored>(
@@ -363,7 +362,6 @@ where
         map: &ShardMap<K, W, S>,
         key: &Q,
         tier: &Tier,
-        now_nanos: u64,
         n: u32,
     ) -> Result<(Result<(), TryAcquireError>, bool), Unavailable>
     where
@@ -372,14 +370,18 @@ where
         Q::Owned: Into<K>,
     {
         let units = &self.units;
-        map.get_or_insert(
+        let now_nanos = self.now_nanos();
+        // The decision reads the clock again, after the key's state: the
+        // sweep or the insertion before it may have taken a while.
+        let (decided, first) = map.get_or_insert(
             key,
             || now_nanos,
             || Some(W::fresh(units, now_nanos)),
             |w, epoch| w.is_drained(units, epoch, now_nanos),
             false,
-            |w, epoch| w.decide(tier, epoch, now_nanos.max(epoch), n),
-        )
+            |w, epoch| w.decide(tier, epoch, || Some(map.reading_swept(epoch)), n),
+        )?;
+        Ok((decided.expect("a reading is always given"), first))
     }
 
     /// `key`'s bands now (each empty, at `now`, for a key not held or
@@ -969,12 +971,12 @@ mod tests {
         let epoch = 7u128 << 64;
         let later = epoch + 1_000_000_000;
         let w = <AtomicU64 as Word>::new(epoch);
-        assert_eq!(decide(&params, &w, epoch, later, 3), Ok(()));
+        assert_eq!(decide(&params, &w, epoch, || Some(later), 3), Some(Ok(())));
         for stale in [later - 1, later - 1_000_000, epoch] {
             assert!(
                 matches!(
-                    decide(&params, &w, epoch, stale, 1),
-                    Err(TryAcquireError::Limited { .. })
+                    decide(&params, &w, epoch, || Some(stale), 1),
+                    Some(Err(TryAcquireError::Limited { .. }))
                 ),
                 "at {stale}"
             );
@@ -987,7 +989,10 @@ mod tests {
         let params = Params::new(Rate::per_second(999_983), 999_983).unwrap();
         let epoch = 0;
         let w = <AtomicU64 as Word>::new(0);
-        assert_eq!(decide(&params, &w, epoch, 0, 999_983), Ok(()));
+        assert_eq!(
+            decide(&params, &w, epoch, || Some(0), 999_983),
+            Some(Ok(()))
+        );
         for wraps in [1u128, 2, 3, 1000] {
             for now in [(wraps << 64) + 1, (wraps << 64) - params.tau() + 1] {
                 assert!(is_drained(&w, epoch, now), "{wraps} wraps");

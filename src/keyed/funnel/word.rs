@@ -86,29 +86,35 @@ pub(super) trait Stored: Send + Sync + 'static {
     const BANDS: usize;
     /// A key whose every band is empty at `now_ns`.
     fn fresh(units: &Bands, now_ns: u64) -> Self;
-    /// Pours `n` units into every band of `tier` at `now_ns` if all have
-    /// room, else changes nothing; in a shard whose epoch is `epoch_ns`.
+    /// Pours `n` units into every band of `tier` if all have room, else
+    /// changes nothing; in a shard whose epoch is `epoch_ns`, at the time
+    /// `now` reads (ns since the origin). `now` is called after the key's
+    /// state is loaded, for every attempt: a caller preempted before it
+    /// decides on the state as it is then (see `cell::Cell::take`); it
+    /// answers `None` past the map's horizon, and then nothing is decided.
     /// The caller has checked `1 <= n <= tier.capacity`.
     #[inline]
     fn decide(
         &self,
         tier: &Tier,
         epoch_ns: u64,
-        now_ns: u64,
+        now: impl Fn() -> Option<u64>,
         n: u32,
-    ) -> Result<(), TryAcquireError> {
-        self.decide_and_read(tier, epoch_ns, now_ns, n).0
+    ) -> Option<Result<(), TryAcquireError>> {
+        self.decide_and_read(tier, epoch_ns, now, n)
+            .map(|(answer, _, _)| answer)
     }
     /// As [`decide`](Self::decide), and each band's `tat` after it (the
     /// new one when granted, the one it refused on otherwise), from the same
-    /// read: what a report of the decision shows.
+    /// read, and the reading it was decided at: what a report of the
+    /// decision shows.
     fn decide_and_read(
         &self,
         tier: &Tier,
         epoch_ns: u64,
-        now_ns: u64,
+        now: impl Fn() -> Option<u64>,
         n: u32,
-    ) -> (Result<(), TryAcquireError>, PerBand);
+    ) -> Option<(Result<(), TryAcquireError>, PerBand, u64)>;
     /// Each band's `tat`.
     fn tats(&self, units: &Bands, epoch_ns: u64) -> PerBand;
     /// Whether every band is empty at `now_ns`.
@@ -132,33 +138,39 @@ impl<W: Word> Stored for W {
         &self,
         tier: &Tier,
         epoch_ns: u64,
-        now_ns: u64,
+        now: impl Fn() -> Option<u64>,
         n: u32,
-    ) -> Result<(), TryAcquireError> {
+    ) -> Option<Result<(), TryAcquireError>> {
         let p = &tier.first;
-        let (epoch, now) = (
-            p.scale_nanos(u128::from(epoch_ns)),
-            p.scale_nanos(u128::from(now_ns)),
-        );
-        decide(p, self, epoch, now, n)
+        let epoch = p.scale_nanos(u128::from(epoch_ns));
+        decide(
+            p,
+            self,
+            epoch,
+            || Some(p.scale_nanos(u128::from(now()?))),
+            n,
+        )
     }
 
     fn decide_and_read(
         &self,
         tier: &Tier,
         epoch_ns: u64,
-        now_ns: u64,
+        now: impl Fn() -> Option<u64>,
         n: u32,
-    ) -> (Result<(), TryAcquireError>, PerBand) {
+    ) -> Option<(Result<(), TryAcquireError>, PerBand, u64)> {
         let p = &tier.first;
-        let (epoch, now) = (
-            p.scale_nanos(u128::from(epoch_ns)),
-            p.scale_nanos(u128::from(now_ns)),
-        );
-        let (answer, tat) = pour(p, self, epoch, now, n);
+        let epoch = p.scale_nanos(u128::from(epoch_ns));
+        let reading = std::cell::Cell::new(0);
+        let read = || {
+            let ns = now()?;
+            reading.set(ns);
+            Some(p.scale_nanos(u128::from(ns)))
+        };
+        let (answer, tat) = pour(p, self, epoch, read, n)?;
         let mut tats = [0; MAX_BANDS];
         tats[0] = tat;
-        (answer, tats)
+        Some((answer, tats, reading.get()))
     }
 
     fn tats(&self, units: &Bands, epoch_ns: u64) -> PerBand {
@@ -185,6 +197,7 @@ impl<W: Word> Stored for W {
 pub(super) struct Pair(AtomicU128);
 
 impl Pair {
+    #[inline]
     fn decode(raw: u128, epochs: &PerBand) -> PerBand {
         let mut tats = [0; MAX_BANDS];
         #[expect(
@@ -197,6 +210,7 @@ impl Pair {
         tats
     }
 
+    #[inline]
     fn encode(tats: &PerBand) -> u128 {
         // The low 64 bits of each (read relative to an epoch).
         (tats[0] & u128::from(u64::MAX)) | (tats[1] << 64)
@@ -217,9 +231,9 @@ impl Stored for Pair {
         &self,
         tier: &Tier,
         epoch_ns: u64,
-        now_ns: u64,
+        now: impl Fn() -> Option<u64>,
         n: u32,
-    ) -> (Result<(), TryAcquireError>, PerBand) {
+    ) -> Option<(Result<(), TryAcquireError>, PerBand, u64)> {
         let quota = &tier.bands;
         // A quota of one band leaves band 1 alone: decoded against any
         // epoch, its half encodes back to the same 64 bits.
@@ -227,8 +241,9 @@ impl Stored for Pair {
         loop {
             let raw = self.0.load(Ordering::Acquire);
             let mut tats = Pair::decode(raw, &epochs);
+            let now_ns = now()?;
             if let Err(retry_after) = quota.try_pour(&mut tats, u128::from(now_ns), n) {
-                return (Err(TryAcquireError::Limited { retry_after }), tats);
+                return Some((Err(TryAcquireError::Limited { retry_after }), tats, now_ns));
             }
             let new = Pair::encode(&tats);
             if self
@@ -236,7 +251,7 @@ impl Stored for Pair {
                 .compare_exchange_weak(raw, new, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
             {
-                return (Ok(()), tats);
+                return Some((Ok(()), tats, now_ns));
             }
         }
     }
@@ -273,15 +288,16 @@ impl Stored for Locked {
         &self,
         tier: &Tier,
         _: u64,
-        now_ns: u64,
+        now: impl Fn() -> Option<u64>,
         n: u32,
-    ) -> (Result<(), TryAcquireError>, PerBand) {
+    ) -> Option<(Result<(), TryAcquireError>, PerBand, u64)> {
         let mut tats = self.lock();
+        let now_ns = now()?;
         let answer = tier
             .bands
             .try_pour(&mut tats, u128::from(now_ns), n)
             .map_err(|retry_after| TryAcquireError::Limited { retry_after });
-        (answer, *tats)
+        Some((answer, *tats, now_ns))
     }
 
     fn tats(&self, _: &Bands, _: u64) -> PerBand {
@@ -320,17 +336,18 @@ where
     ShardMap::new(hasher, max_keys, sweep_gap, origin, horizon)
 }
 
-/// The meter's decision on one key's word, at `now` (scaled), in a shard
-/// whose epoch is `epoch` (scaled).
+/// The meter's decision on one key's word, at the time `now` reads
+/// (scaled; read after the word, for every attempt; `None`: nothing
+/// decided), in a shard whose epoch is `epoch` (scaled).
 #[inline]
 pub(super) fn decide<W: Word>(
     params: &Params,
     w: &W,
     epoch: u128,
-    now: u128,
+    now: impl Fn() -> Option<u128>,
     n: u32,
-) -> Result<(), TryAcquireError> {
-    pour(params, w, epoch, now, n).0
+) -> Option<Result<(), TryAcquireError>> {
+    pour(params, w, epoch, now, n).map(|(answer, _)| answer)
 }
 
 /// [`decide`], and the word's `tat` after it (the new one when granted,
@@ -340,20 +357,21 @@ fn pour<W: Word>(
     params: &Params,
     w: &W,
     epoch: u128,
-    now: u128,
+    now: impl Fn() -> Option<u128>,
     n: u32,
-) -> (Result<(), TryAcquireError>, u128) {
+) -> Option<(Result<(), TryAcquireError>, u128)> {
     loop {
         let (raw, tat) = w.read(epoch);
+        let now = now()?;
         match params.try_pour(tat, now, n) {
             Ok(end) => {
                 if w.replace(raw, end) {
-                    return (Ok(()), end);
+                    return Some((Ok(()), end));
                 }
             }
             Err(wait) => {
                 let retry_after = params.duration_ceil(wait);
-                return (Err(TryAcquireError::Limited { retry_after }), tat);
+                return Some((Err(TryAcquireError::Limited { retry_after }), tat));
             }
         }
     }
