@@ -109,6 +109,12 @@ fn limiters(capacity: u32) -> Limiters {
         .capacity(capacity)
         .build()
         .unwrap();
+    // A key of two bands, in one 128-bit word (it grants on a reading made
+    // before the lookup: see `keyed::funnel::word::Pair`).
+    let keyed_pair = KeyedFunnel::<u8>::builder()
+        .quota(Quota::new(rate, capacity).and(Rate::per_second(2000), 2 * capacity))
+        .build()
+        .unwrap();
     let keyed = Keyed::<u8, TokenBucket>::builder()
         .limiter(move || TokenBucket::builder().rate(rate).capacity(capacity).build())
         .background_sweep(false)
@@ -155,13 +161,12 @@ fn limiters(capacity: u32) -> Limiters {
             // several keys a key's decision may follow another key's
             // reading, which a twin on the key's own timeline cannot.
             Timeline::Shared,
-            Box::new(move |s: Step| {
-                if s.sweep {
-                    keyed_funnel.sweep();
-                    return None;
-                }
-                ok(keyed_funnel.try_acquire_many(&0, s.n))
-            }),
+            key_zero(keyed_funnel),
+        ),
+        (
+            "KeyedFunnel, 2 bands",
+            Timeline::Shared,
+            key_zero(keyed_pair),
         ),
         (
             "Keyed<TokenBucket>",
@@ -174,6 +179,17 @@ fn limiters(capacity: u32) -> Limiters {
             }),
         ),
     ]
+}
+
+/// A keyed funnel's answers on key 0 (`None` for a step that sweeps it).
+fn key_zero(map: KeyedFunnel<u8>) -> Box<dyn Fn(Step) -> Option<bool>> {
+    Box::new(move |s: Step| {
+        if s.sweep {
+            map.sweep();
+            return None;
+        }
+        Some(map.try_acquire_many(&0, s.n).is_ok())
+    })
 }
 
 /// A fake clock reading the shared value.

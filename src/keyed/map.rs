@@ -237,7 +237,7 @@ where
 
     /// [`reading`](Self::reading) for the reading `now`.
     #[inline]
-    fn within_horizon(&self, now: u64, epoch: u64) -> Option<u64> {
+    pub(crate) fn within_horizon(&self, now: u64, epoch: u64) -> Option<u64> {
         let now = now.max(epoch);
         (now - epoch <= self.horizon).then_some(now)
     }

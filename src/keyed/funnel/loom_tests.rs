@@ -131,7 +131,7 @@ fn loom_two_bands_in_one_word_are_one_decision() {
             let now = clock.fetch_add(1, Ordering::Relaxed) + 1;
             (
                 now,
-                word.decide(tier, epoch_ns, || Some(now), n) == Some(Ok(())),
+                word.decide(tier, epoch_ns, None, || Some(now), n) == Some(Ok(())),
             )
         };
         let other = {

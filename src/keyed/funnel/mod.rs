@@ -195,6 +195,13 @@ where
         self.origin.elapsed_nanos()
     }
 
+    /// A reading made before a key of `map` is looked up, for the words
+    /// that grant on one (see [`Stored::READS_EARLY`]).
+    #[inline]
+    fn early_reading<W: Stored>(&self, _: &ShardMap<K, W, S>) -> Option<u64> {
+        W::READS_EARLY.then(|| self.now_nanos())
+    }
+
     /// The tier of `quota`.
     ///
     /// # Panics
@@ -269,9 +276,13 @@ where
         // after the key's state, for every attempt (see `Stored::decide`).
         // An existing key: a read lock and one compare-and-swap (or, for
         // three bands or more, the key's own lock).
-        let known = with_map!(&self.words, map => map.update(key, |w, epoch| {
-            w.decide(tier, epoch, || map.reading(epoch), n)
-        }));
+        let known = with_map!(&self.words, map => {
+            let early = self.early_reading(map);
+            map.update(key, |w, epoch| {
+                let early = early.and_then(|early| map.within_horizon(early, epoch));
+                w.decide(tier, epoch, early, || map.reading(epoch), n)
+            })
+        });
         if let Some(Some(result)) = known {
             return Poured::from(result);
         }
@@ -304,9 +315,13 @@ where
         if n > tier.capacity || n == 0 {
             return (self.pour_key(key, tier, n), None);
         }
-        let known = with_map!(&self.words, map => map.update(key, |w, epoch| {
-            w.decide_and_read(tier, epoch, || map.reading(epoch), n)
-        }));
+        let known = with_map!(&self.words, map => {
+            let early = self.early_reading(map);
+            map.update(key, |w, epoch| {
+                let early = early.and_then(|early| map.within_horizon(early, epoch));
+                w.decide_and_read(tier, epoch, early, || map.reading(epoch), n)
+            })
+        });
         if let Some(Some((result, tats, now))) = known {
             return (Poured::from(result), Some((tats, u128::from(now))));
         }
@@ -352,7 +367,7 @@ where
             || Some(W::fresh(units, now_nanos)),
             |w, epoch| w.is_drained(units, epoch, now_nanos),
             false,
-            |w, epoch| w.decide_and_read(tier, epoch, || Some(map.reading_swept(epoch)), n),
+            |w, epoch| w.decide_and_read(tier, epoch, None, || Some(map.reading_swept(epoch)), n),
         )?;
         Ok((decided.expect("a reading is always given"), first))
     }
@@ -379,7 +394,7 @@ where
             || Some(W::fresh(units, now_nanos)),
             |w, epoch| w.is_drained(units, epoch, now_nanos),
             false,
-            |w, epoch| w.decide(tier, epoch, || Some(map.reading_swept(epoch)), n),
+            |w, epoch| w.decide(tier, epoch, None, || Some(map.reading_swept(epoch)), n),
         )?;
         Ok((decided.expect("a reading is always given"), first))
     }

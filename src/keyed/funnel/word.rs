@@ -93,15 +93,20 @@ pub(super) trait Stored: Send + Sync + 'static {
     /// decides on the state as it is then (see `cell::Cell::take`); it
     /// answers `None` past the map's horizon, and then nothing is decided.
     /// The caller has checked `1 <= n <= tier.capacity`.
+    /// Whether a decision grants on `early`, a reading made before the
+    /// key was looked up, and reads `now` only to refuse (see [`Pair`]);
+    /// otherwise `early` is `None`.
+    const READS_EARLY: bool = false;
     #[inline]
     fn decide(
         &self,
         tier: &Tier,
         epoch_ns: u64,
+        early: Option<u64>,
         now: impl Fn() -> Option<u64>,
         n: u32,
     ) -> Option<Result<(), TryAcquireError>> {
-        self.decide_and_read(tier, epoch_ns, now, n)
+        self.decide_and_read(tier, epoch_ns, early, now, n)
             .map(|(answer, _, _)| answer)
     }
     /// As [`decide`](Self::decide), and each band's `tat` after it (the
@@ -112,6 +117,7 @@ pub(super) trait Stored: Send + Sync + 'static {
         &self,
         tier: &Tier,
         epoch_ns: u64,
+        early: Option<u64>,
         now: impl Fn() -> Option<u64>,
         n: u32,
     ) -> Option<(Result<(), TryAcquireError>, PerBand, u64)>;
@@ -138,6 +144,7 @@ impl<W: Word> Stored for W {
         &self,
         tier: &Tier,
         epoch_ns: u64,
+        _: Option<u64>,
         now: impl Fn() -> Option<u64>,
         n: u32,
     ) -> Option<Result<(), TryAcquireError>> {
@@ -156,6 +163,7 @@ impl<W: Word> Stored for W {
         &self,
         tier: &Tier,
         epoch_ns: u64,
+        _: Option<u64>,
         now: impl Fn() -> Option<u64>,
         n: u32,
     ) -> Option<(Result<(), TryAcquireError>, PerBand, u64)> {
@@ -197,6 +205,38 @@ impl<W: Word> Stored for W {
 pub(super) struct Pair(AtomicU128);
 
 impl Pair {
+    /// [`Stored::decide_and_read`] with the clock read after the state,
+    /// for every attempt.
+    #[cold]
+    #[inline(never)]
+    fn decide_late(
+        &self,
+        quota: &Bands,
+        epochs: &PerBand,
+        now: impl Fn() -> Option<u64>,
+        n: u32,
+    ) -> Option<(Result<(), TryAcquireError>, PerBand, u64)> {
+        loop {
+            let raw = self.0.load(Ordering::Acquire);
+            let mut tats = Pair::decode(raw, epochs);
+            let now_ns = now()?;
+            if let Err(retry_after) = quota.try_pour(&mut tats, u128::from(now_ns), n) {
+                return Some((Err(TryAcquireError::Limited { retry_after }), tats, now_ns));
+            }
+            if self.swap(raw, &tats) {
+                return Some((Ok(()), tats, now_ns));
+            }
+        }
+    }
+
+    /// Replaces `raw` with `tats` if nothing changed meanwhile.
+    #[inline]
+    fn swap(&self, raw: u128, tats: &PerBand) -> bool {
+        self.0
+            .compare_exchange_weak(raw, Pair::encode(tats), Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
     #[inline]
     fn decode(raw: u128, epochs: &PerBand) -> PerBand {
         let mut tats = [0; MAX_BANDS];
@@ -217,9 +257,17 @@ impl Pair {
     }
 }
 
+/// A pair grants on a reading made before the key was looked up, and
+/// reads the clock after its state only to refuse. Read after the state
+/// for every decision (the 128-bit load, then the counter), the counter's
+/// latency was no longer hidden behind the lookup: a hot key's check took
+/// 51 ns instead of 43 (`compare --bench memory`). A grant on an earlier
+/// reading is never more lenient (ARCHITECTURE.md, "Readings out of
+/// order"); a refusal stands only on a reading made after the state.
 impl Stored for Pair {
     const HORIZON: u128 = <AtomicU64 as Word>::HORIZON;
     const BANDS: usize = 2;
+    const READS_EARLY: bool = true;
 
     fn fresh(units: &Bands, now_ns: u64) -> Self {
         Pair(AtomicU128::new(Pair::encode(
@@ -227,10 +275,12 @@ impl Stored for Pair {
         )))
     }
 
+    #[inline]
     fn decide_and_read(
         &self,
         tier: &Tier,
         epoch_ns: u64,
+        early: Option<u64>,
         now: impl Fn() -> Option<u64>,
         n: u32,
     ) -> Option<(Result<(), TryAcquireError>, PerBand, u64)> {
@@ -238,24 +288,20 @@ impl Stored for Pair {
         // A quota of one band leaves band 1 alone: decoded against any
         // epoch, its half encodes back to the same 64 bits.
         let epochs = quota.scaled(u128::from(epoch_ns));
+        let Some(early) = early else {
+            return self.decide_late(quota, &epochs, now, n);
+        };
         loop {
             let raw = self.0.load(Ordering::Acquire);
             let mut tats = Pair::decode(raw, &epochs);
-            let now_ns = now()?;
-            if let Err(retry_after) = quota.try_pour(&mut tats, u128::from(now_ns), n) {
-                return Some((Err(TryAcquireError::Limited { retry_after }), tats, now_ns));
+            if quota.try_pour(&mut tats, u128::from(early), n).is_err() {
+                return self.decide_late(quota, &epochs, now, n);
             }
-            let new = Pair::encode(&tats);
-            if self
-                .0
-                .compare_exchange_weak(raw, new, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-            {
-                return Some((Ok(()), tats, now_ns));
+            if self.swap(raw, &tats) {
+                return Some((Ok(()), tats, early));
             }
         }
     }
-
     fn tats(&self, units: &Bands, epoch_ns: u64) -> PerBand {
         Pair::decode(
             self.0.load(Ordering::Acquire),
@@ -288,6 +334,7 @@ impl Stored for Locked {
         &self,
         tier: &Tier,
         _: u64,
+        _: Option<u64>,
         now: impl Fn() -> Option<u64>,
         n: u32,
     ) -> Option<(Result<(), TryAcquireError>, PerBand, u64)> {
