@@ -15,19 +15,39 @@ use std::time::Duration;
 
 use super::fake;
 use crate::keyed::KeyedFunnel;
-use crate::{Funnel, LeakyBucket, Quota, Rate, TokenBucket, TryAcquireError};
+use crate::{Funnel, LeakyBucket, Peek, Quota, Rate, TokenBucket, TryAcquireError};
 
 /// Where the clock starts (the fake clocks read nanoseconds).
 const START: u64 = 1_000_000_000;
 const SECOND: u64 = 1_000_000_000;
 
-type TryAcquire = Box<dyn Fn(u32) -> Result<(), TryAcquireError> + Send + Sync>;
+type Answer = Box<dyn Fn(u32) -> Result<(), TryAcquireError> + Send + Sync>;
+
+/// A limiter's `try_acquire_many(n)`, and what its `peek(n)` answers.
+struct Calls {
+    try_acquire: Answer,
+    peek: Answer,
+}
+
+/// [`Calls`] of `limiter`.
+fn calls<L: Clone + Send + Sync + 'static>(
+    limiter: L,
+    try_acquire: fn(&L, u32) -> Result<(), TryAcquireError>,
+    peek: fn(&L, u32) -> Peek,
+) -> Calls {
+    let peeked = limiter.clone();
+    Calls {
+        try_acquire: Box::new(move |n| try_acquire(&limiter, n)),
+        peek: Box::new(move |n| peek(&peeked, n).answer()),
+    }
+}
+
 /// A limiter's name, and how to build it.
-type Build = (&'static str, Box<dyn Fn() -> TryAcquire>);
+type Build = (&'static str, Box<dyn Fn() -> Calls>);
 
 /// A limiter on a fake clock that can be preempted.
 struct Preemptible {
-    try_acquire: Arc<OnceLock<TryAcquire>>,
+    calls: Arc<OnceLock<Calls>>,
     now: Arc<AtomicU64>,
     /// The stale reading the next reading returns, after another caller's
     /// `try_acquire` (0: none armed).
@@ -36,23 +56,19 @@ struct Preemptible {
 
 impl Preemptible {
     /// `build` makes the limiter (on the fake clock, at `START`).
-    fn new(build: impl FnOnce() -> TryAcquire) -> Preemptible {
-        let try_acquire: Arc<OnceLock<TryAcquire>> = Arc::new(OnceLock::new());
+    fn new(build: impl FnOnce() -> Calls) -> Preemptible {
+        let calls: Arc<OnceLock<Calls>> = Arc::new(OnceLock::new());
         let now = Arc::new(AtomicU64::new(START));
         let armed = Arc::new(AtomicU64::new(0));
         let clock = {
-            let (try_acquire, now, armed) = (
-                Arc::clone(&try_acquire),
-                Arc::clone(&now),
-                Arc::clone(&armed),
-            );
+            let (calls, now, armed) = (Arc::clone(&calls), Arc::clone(&now), Arc::clone(&armed));
             fake::Clock::new(move || match armed.swap(0, Ordering::SeqCst) {
                 0 => now.load(Ordering::SeqCst),
                 stale => {
                     // Another thread's call, at the clock's time (on a
                     // thread of its own: this one may hold a lock the
                     // call takes).
-                    let other = try_acquire.get().unwrap();
+                    let other = &calls.get().unwrap().try_acquire;
                     std::thread::scope(|s| s.spawn(|| other(1)).join().unwrap()).unwrap();
                     stale
                 }
@@ -60,13 +76,9 @@ impl Preemptible {
         };
         {
             let _clock = clock.enter();
-            assert!(try_acquire.set(build()).is_ok());
+            assert!(calls.set(build()).is_ok());
         }
-        Preemptible {
-            try_acquire,
-            now,
-            armed,
-        }
+        Preemptible { calls, now, armed }
     }
 
     fn at(&self, nanos: u64) -> &Self {
@@ -82,7 +94,11 @@ impl Preemptible {
     }
 
     fn try_acquire(&self, n: u32) -> Result<(), TryAcquireError> {
-        self.try_acquire.get().unwrap()(n)
+        (self.calls.get().unwrap().try_acquire)(n)
+    }
+
+    fn peek(&self, n: u32) -> Result<(), TryAcquireError> {
+        (self.calls.get().unwrap().peek)(n)
     }
 }
 
@@ -92,14 +108,14 @@ impl Preemptible {
 /// lock: no grant can come between.)
 fn limiters() -> Vec<Build> {
     let rate = Rate::per_second(1);
-    let keyed = |quota: Quota| -> Box<dyn Fn() -> TryAcquire> {
+    let keyed = |quota: Quota| -> Box<dyn Fn() -> Calls> {
         Box::new(move || {
             let map = KeyedFunnel::<u8>::builder()
                 .quota(quota)
                 .background_sweep(false)
                 .build()
                 .unwrap();
-            Box::new(move |n| map.try_acquire_many(&1, n))
+            calls(map, |m, n| m.try_acquire_many(&1, n), |m, n| m.peek(&1, n))
         })
     };
     vec![
@@ -116,7 +132,7 @@ fn limiters() -> Vec<Build> {
                     .capacity(2)
                     .build()
                     .unwrap();
-                Box::new(move |n| b.try_acquire_many(n))
+                calls(b, TokenBucket::try_acquire_many, TokenBucket::peek)
             }),
         ),
         (
@@ -127,14 +143,14 @@ fn limiters() -> Vec<Build> {
                     .capacity(2)
                     .build()
                     .unwrap();
-                Box::new(move |n| b.try_acquire_many(n))
+                calls(b, LeakyBucket::try_acquire_many, LeakyBucket::peek)
             }),
         ),
         (
             "Funnel",
             Box::new(move || {
                 let b = Funnel::builder().rate(rate).capacity(2).build().unwrap();
-                Box::new(move |n| b.try_acquire_many(n))
+                calls(b, Funnel::try_acquire_many, Funnel::peek)
             }),
         ),
         (
@@ -147,7 +163,7 @@ fn limiters() -> Vec<Build> {
                     .build()
                     .unwrap();
                 b.set_rate(rate).unwrap();
-                Box::new(move |n| b.try_acquire_many(n))
+                calls(b, TokenBucket::try_acquire_many, TokenBucket::peek)
             }),
         ),
     ]
@@ -182,6 +198,23 @@ fn a_grant_made_while_a_caller_was_preempted_does_not_refuse_it() {
     }
 }
 
+/// `peek` answers as a call would: on the state it read, at a reading
+/// taken after it. (Reading first, it reported the other's grant at the
+/// stale time: "refused for 2 s".)
+#[test]
+fn a_peek_while_another_grants_answers_as_a_call_would() {
+    let rt = runtime();
+    let _rt = rt.enter();
+    for (name, build) in limiters() {
+        let b = Preemptible::new(build);
+        b.try_acquire(2).unwrap();
+        b.at(3 * SECOND).preempted(SECOND);
+        assert_eq!(b.peek(1), Ok(()), "{name}");
+        // The other's grant is there for the next look.
+        assert_eq!(b.peek(2), limited(Duration::from_secs(1)), "{name}");
+    }
+}
+
 /// The shaper's overflow, on the lock-free path and under the lock alike:
 /// a caller preempted while another pours is not refused for water that
 /// has drained by the time it decides. (Emptied at 0 s, drained at 2 s; the
@@ -200,7 +233,7 @@ fn a_shaper_does_not_overflow_on_a_stale_reading() {
             .build()
             .unwrap();
         shaper.set(b.clone()).unwrap();
-        Box::new(move |n| b.try_acquire_many(n))
+        calls(b, LeakyBucket::try_acquire_many, LeakyBucket::peek)
     });
     let shaper = shaper.get().unwrap();
     b.try_acquire(2).unwrap();

@@ -91,8 +91,9 @@ impl Bucket {
 
     /// Whole tokens / units of free room now.
     fn free(&self) -> u32 {
-        let now = self.cell.now_nanos();
+        // The clock after the state, as every decision reads it.
         let s = self.cell.snapshot();
+        let now = self.cell.now_nanos();
         s.params.available(s.tat(), s.params.scale_nanos(now))
     }
 }
@@ -277,8 +278,9 @@ impl Engine<Bucket> {
     pub(crate) fn peek(&self, n: u32) -> Peek {
         let rate = self.rate();
         let cell = &self.schedule().cell;
-        let now_nanos = cell.now_nanos();
+        // The clock after the state, as every decision reads it.
         let s = cell.snapshot();
+        let now_nanos = cell.now_nanos();
         let (p, tat) = (s.params, s.tat());
         let now = p.scale_nanos(now_nanos);
         let answer = self.answer(n, || {
@@ -293,8 +295,8 @@ impl Engine<Bucket> {
     /// Units of water (poured and reserved, not yet drained), rounded up.
     pub(crate) fn level(&self) -> u32 {
         let cell = &self.schedule().cell;
-        let now = cell.now_nanos();
         let s = cell.snapshot();
+        let now = cell.now_nanos();
         s.params.level(s.tat(), s.params.scale_nanos(now))
     }
 

@@ -406,12 +406,13 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
+        // The clock after the key's state, as every decision reads it.
+        let tats = with_map!(&self.words, map => {
+            map.get(key, |w, epoch| w.tats(&self.units, epoch))
+        });
         let now_ns = u128::from(self.now_nanos());
         let now = self.units.scaled(now_ns);
-        let mut tats = with_map!(&self.words, map => {
-            map.get(key, |w, epoch| w.tats(&self.units, epoch))
-        })
-        .unwrap_or(now);
+        let mut tats = tats.unwrap_or(now);
         for (tat, now) in tats.iter_mut().zip(now) {
             *tat = (*tat).max(now);
         }
