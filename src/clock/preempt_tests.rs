@@ -181,21 +181,29 @@ fn limited(after: Duration) -> Result<(), TryAcquireError> {
     Err(TryAcquireError::Limited { retry_after: after })
 }
 
-/// Emptied at 0 s, full again at 2 s. A caller reads 1 s, and is preempted
-/// until 3 s, while another takes one permit: at 3 s one is left, so it
-/// is granted. (Reading before loading, it decided on the other's grant
-/// with 1 s: refused for 2 s.)
-#[test]
-fn a_grant_made_while_a_caller_was_preempted_does_not_refuse_it() {
+/// Runs `then` on each of [`limiters`], emptied at 0 s and armed at 3 s
+/// with a stale reading of 1 s (another caller takes a permit meanwhile).
+fn each_preempted(then: impl Fn(&str, &Preemptible)) {
     let rt = runtime();
     let _rt = rt.enter();
     for (name, build) in limiters() {
         let b = Preemptible::new(build);
         b.try_acquire(2).unwrap();
         b.at(3 * SECOND).preempted(SECOND);
+        then(name, &b);
+    }
+}
+
+/// Emptied at 0 s, full again at 2 s. A caller reads 1 s, and is preempted
+/// until 3 s, while another takes one permit: at 3 s one is left, so it
+/// is granted. (Reading before loading, it decided on the other's grant
+/// with 1 s: refused for 2 s.)
+#[test]
+fn a_grant_made_while_a_caller_was_preempted_does_not_refuse_it() {
+    each_preempted(|name, b| {
         assert_eq!(b.try_acquire(1), Ok(()), "{name}");
         assert_eq!(b.try_acquire(1), limited(Duration::from_secs(1)), "{name}");
-    }
+    });
 }
 
 /// `peek` answers as a call would: on the state it read, at a reading
@@ -203,21 +211,16 @@ fn a_grant_made_while_a_caller_was_preempted_does_not_refuse_it() {
 /// stale time: "refused for 2 s".)
 #[test]
 fn a_peek_while_another_grants_answers_as_a_call_would() {
-    let rt = runtime();
-    let _rt = rt.enter();
-    for (name, build) in limiters() {
-        let b = Preemptible::new(build);
-        b.try_acquire(2).unwrap();
-        b.at(3 * SECOND).preempted(SECOND);
+    each_preempted(|name, b| {
         assert_eq!(b.peek(1), Ok(()), "{name}");
         // The other's grant is there for the next look.
         assert_eq!(b.peek(2), limited(Duration::from_secs(1)), "{name}");
-    }
+    });
 }
 
-/// The shaper's overflow, on the lock-free path and under the lock alike:
-/// a caller preempted while another pours is not refused for water that
-/// has drained by the time it decides. (Emptied at 0 s, drained at 2 s; the
+/// The shaper's overflow: a caller preempted while another pours is not
+/// refused for water that has drained by the time it decides. (The stale
+/// reading meets its first attempt, the one without the lock.) (Emptied at 0 s, drained at 2 s; the
 /// other pours one at 3 s, leaving room for one.)
 #[test]
 fn a_shaper_does_not_overflow_on_a_stale_reading() {
