@@ -52,6 +52,9 @@ struct Preemptible {
     /// The stale reading the next reading returns, after another caller's
     /// `try_acquire` (0: none armed).
     armed: Arc<AtomicU64>,
+    /// A stale reading the next reading returns, before the armed one and
+    /// without another caller (0: none).
+    stale_first: Arc<AtomicU64>,
 }
 
 impl Preemptible {
@@ -60,25 +63,35 @@ impl Preemptible {
         let calls: Arc<OnceLock<Calls>> = Arc::new(OnceLock::new());
         let now = Arc::new(AtomicU64::new(START));
         let armed = Arc::new(AtomicU64::new(0));
+        let stale_first = Arc::new(AtomicU64::new(0));
         let clock = {
             let (calls, now, armed) = (Arc::clone(&calls), Arc::clone(&now), Arc::clone(&armed));
-            fake::Clock::new(move || match armed.swap(0, Ordering::SeqCst) {
-                0 => now.load(Ordering::SeqCst),
-                stale => {
-                    // Another thread's call, at the clock's time (on a
-                    // thread of its own: this one may hold a lock the
-                    // call takes).
-                    let other = &calls.get().unwrap().try_acquire;
-                    std::thread::scope(|s| s.spawn(|| other(1)).join().unwrap()).unwrap();
-                    stale
-                }
+            let first = Arc::clone(&stale_first);
+            fake::Clock::new(move || match first.swap(0, Ordering::SeqCst) {
+                0 => match armed.swap(0, Ordering::SeqCst) {
+                    0 => now.load(Ordering::SeqCst),
+                    stale => {
+                        // Another thread's call, at the clock's time (on a
+                        // thread of its own: this one may hold a lock the
+                        // call takes).
+                        let other = &calls.get().unwrap().try_acquire;
+                        std::thread::scope(|s| s.spawn(|| other(1)).join().unwrap()).unwrap();
+                        stale
+                    }
+                },
+                stale => stale,
             })
         };
         {
             let _clock = clock.enter();
             assert!(calls.set(build()).is_ok());
         }
-        Preemptible { calls, now, armed }
+        Preemptible {
+            calls,
+            now,
+            armed,
+            stale_first,
+        }
     }
 
     fn at(&self, nanos: u64) -> &Self {
@@ -90,6 +103,13 @@ impl Preemptible {
     /// caller takes a permit while this one is preempted.
     fn preempted(&self, nanos: u64) -> &Self {
         self.armed.store(START + nanos, Ordering::SeqCst);
+        self
+    }
+
+    /// The next call's first reading is `nanos` (stale, and nobody calls
+    /// meanwhile): the armed one, if any, is its second.
+    fn read_first(&self, nanos: u64) -> &Self {
+        self.stale_first.store(START + nanos, Ordering::SeqCst);
         self
     }
 
@@ -248,4 +268,28 @@ fn a_shaper_does_not_overflow_on_a_stale_reading() {
         tokio_test::task::spawn(shaper.acquire()).poll(),
         Poll::Ready(Err(crate::AcquireError::Overflow))
     ));
+}
+
+/// A key of two bands grants on a reading made before its lookup, and
+/// refuses only on one made after its state. Its first reading is from
+/// 0.5 s (the caller was preempted after it), when the key was empty: it
+/// looks again, and is preempted during that reading too, while another
+/// takes a permit at 3 s. Read after the state, the second reading (1 s,
+/// as stale) decides on the state before the other's grant, whose swap
+/// fails, and the next attempt reads 3 s: granted. (Reading the clock
+/// before loading the state, the refusal's re-read decided on the other's
+/// grant at 1 s: refused for 2 s.)
+#[test]
+fn a_two_band_key_refuses_only_on_a_reading_after_its_state() {
+    let rt = runtime();
+    let _rt = rt.enter();
+    let (_, build) = limiters()
+        .into_iter()
+        .find(|(name, _)| *name == "KeyedFunnel, 2 bands")
+        .unwrap();
+    let b = Preemptible::new(build);
+    b.try_acquire(2).unwrap();
+    b.at(3 * SECOND).read_first(SECOND / 2).preempted(SECOND);
+    assert_eq!(b.try_acquire(1), Ok(()));
+    assert_eq!(b.try_acquire(1), limited(Duration::from_secs(1)));
 }
