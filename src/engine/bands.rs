@@ -86,6 +86,7 @@ impl Schedule for Banded {
     type Books = PerBand;
     /// Nanoseconds since the origin.
     type View = u128;
+    type Gap = ();
 
     fn capacity(&self) -> u32 {
         self.bands.capacity()

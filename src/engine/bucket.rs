@@ -130,6 +130,7 @@ impl Schedule for Bucket {
     /// The rate as configured.
     type Books = Configured;
     type View = View;
+    type Gap = ();
 
     fn capacity(&self) -> u32 {
         self.cell.capacity()

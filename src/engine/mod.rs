@@ -107,6 +107,10 @@ pub(crate) trait Schedule: Sized + Send + Sync + 'static {
     type Books: Send;
     /// The schedule and the clock read once, for one pass under the lock.
     type View;
+    /// Padding the engine puts between its first counter stripe and its
+    /// lock (`()` for none): room a schedule's layout wants there (see
+    /// [`Engine`]'s layout).
+    type Gap: Default + Send + Sync;
 
     /// The most permits one request may take (`u32::MAX`: no limit).
     fn capacity(&self) -> u32;
@@ -213,11 +217,22 @@ pub(crate) enum Waking {
 /// rest of the schedule, the queue's lock) are placed between them, far
 /// enough apart that no 16-byte-aligned allocation puts two of the three
 /// on one line. `layout_tests` checks the offsets.
+///
+/// The other schedules (the bands, the smooth limiters) are over-aligned to
+/// a line, so their engines start on one. A smooth limiter's every grant
+/// takes the lock and writes the books behind it, so on two threads that
+/// line moves between the cores on every call; the [`Schedule::Gap`]
+/// keeps the first stripe alone on its line, ahead of the lock, so that
+/// the lock word and the books a grant touches take the next two lines and
+/// nothing else (the second stripe shares the last line with the books'
+/// cold end). `smooth::schedule::layout_tests` checks that.
 #[repr(C)]
 pub(crate) struct Engine<S: Schedule> {
     schedule: S,
     /// The counters of the threads on the first stripe.
     stripe_a: Stripe,
+    /// The schedule's room between the stripe and the lock.
+    gap: S::Gap,
     queue: Mutex<Queue<S>>,
     kind: Kind,
     waking: Waking,
@@ -263,6 +278,7 @@ impl<S: Schedule> Engine<S> {
             waking,
             meter,
             stripe_a: Stripe::default(),
+            gap: S::Gap::default(),
             stripe_b: Stripe::default(),
         });
         let owner: Weak<dyn Publish> = Arc::downgrade(&engine) as Weak<dyn Publish>;
@@ -280,6 +296,19 @@ impl<S: Schedule> Engine<S> {
         tokio::runtime::Handle::try_current()
             .map(|_| Waking::Actor)
             .map_err(|_| crate::ConfigError::NoRuntime)
+    }
+
+    /// Where the stripes, the lock and the books lie: byte offsets from
+    /// the engine's start (for the schedules' layout tests).
+    #[cfg(test)]
+    pub(crate) fn offsets(&self) -> layout_tests::Offsets {
+        let at = |field: usize| field - std::ptr::from_ref(self) as usize;
+        layout_tests::Offsets {
+            stripe_a: std::mem::offset_of!(Engine<S>, stripe_a),
+            stripe_b: std::mem::offset_of!(Engine<S>, stripe_b),
+            lock: std::mem::offset_of!(Engine<S>, queue),
+            books: at(std::ptr::from_ref(&self.lock().books) as usize),
+        }
     }
 
     /// The calling thread's counters.
@@ -732,6 +761,15 @@ mod layout_tests {
                 "{phase}: {h:?} {a:?} {b:?}"
             );
         }
+    }
+
+    /// Byte offsets in an engine, from [`Engine::offsets`].
+    pub(crate) struct Offsets {
+        pub(crate) stripe_a: usize,
+        pub(crate) stripe_b: usize,
+        /// The lock (its word, then the queue).
+        pub(crate) lock: usize,
+        pub(crate) books: usize,
     }
 
     /// The other schedules are aligned to a line: the first stripe starts

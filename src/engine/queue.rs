@@ -64,11 +64,15 @@ struct Entry<T> {
 /// entries, the actor's slot) is in [`Waiting`], allocated with the first
 /// entry and freed once the last has left and no actor runs. A million idle
 /// buckets keep a null pointer each, not a million queues.
+///
+/// The books first (`repr(C)`): a grant reads them right after the lock
+/// word, and the rest only a waiter needs (see `engine::Engine`).
+#[repr(C)]
 pub(crate) struct Queue<S: Schedule> {
-    pub(crate) closed: bool,
     /// The part of the schedule kept under the lock.
     pub(crate) books: S::Books,
     waiting: Option<Box<Waiting<S::Turn>>>,
+    pub(crate) closed: bool,
 }
 
 /// The part of a queue that exists only while someone waits.
