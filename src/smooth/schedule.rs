@@ -687,8 +687,9 @@ mod layout_tests {
     /// the lock word and everything a grant reads under the lock on lines
     /// 2 and 3, and the second stripe on line 4 with only what a grant
     /// leaves alone — in 320 bytes, as before the stripes were kept off
-    /// the lock's lines. (Two threads sharing a limiter: 135–195 → 129 ns
-    /// a call, benches/RESULTS.md.)
+    /// the lock's lines. (Two threads sharing a `SmoothBursty`: 2.5× →
+    /// 1.8× governor, benches/RESULTS.md, "The smooth limiters on two
+    /// threads".)
     #[test]
     fn a_smooth_engine_keeps_its_lock_and_books_off_the_stripes() {
         assert_eq!(size_of::<Engine<Smooth>>(), 320);
