@@ -284,13 +284,26 @@ where
                 }
             }
         }
+        let mut is_fresh = is_fresh;
         let mut table = write(&shard.table);
         let now = now();
         if now.saturating_sub(shard.epoch()) > self.horizon {
-            self.sweep_locked(shard, &mut table, now, is_fresh, Sweeping::Now);
+            self.sweep_locked(shard, &mut table, now, &mut is_fresh, Sweeping::Now);
         } else if self.len() >= self.max_keys || table.len() == table.capacity() {
             // Make room from fresh keys before growing or refusing.
-            self.sweep_locked(shard, &mut table, now, is_fresh, Sweeping::IfDue);
+            self.sweep_locked(shard, &mut table, now, &mut is_fresh, Sweeping::IfDue);
+        }
+        if table.find(hash, |(k, _)| k.borrow() == key).is_none()
+            && !force
+            && self.len() >= self.max_keys
+        {
+            // Still full: the fresh keys holding the slots may be in other
+            // shards (a slot is the map's, not the shard's). Sweep those that
+            // are due, one at a time (never two shards' locks at once), then
+            // look again.
+            drop(table);
+            self.sweep_others(shard, now, &mut is_fresh);
+            table = write(&shard.table);
         }
         let epoch = shard.epoch();
         if let Some((_, v)) = table.find(hash, |(k, _)| k.borrow() == key) {
@@ -311,6 +324,21 @@ where
         });
         let (_, v) = entry.get();
         Ok(((f.take().expect("once"))(v, epoch), first))
+    }
+
+    /// Sweeps the shards other than `own` that are due (not swept within
+    /// the sweep gap), each under its own lock, until one frees a slot.
+    fn sweep_others(&self, own: &Shard<K, V>, now: u64, mut is_fresh: impl FnMut(&V, u64) -> bool) {
+        for shard in &self.shards {
+            if self.len() < self.max_keys {
+                return;
+            }
+            if std::ptr::eq(shard, own) || shard.since_sweep(now) < self.sweep_gap {
+                continue;
+            }
+            let mut table = write(&shard.table);
+            self.sweep_locked(shard, &mut table, now, &mut is_fresh, Sweeping::IfDue);
+        }
     }
 
     /// Now, in ns since the map's origin.

@@ -226,7 +226,7 @@ where
         let mut tiers: Vec<Tier> = quotas
             .into_iter()
             .zip(bands)
-            .map(|(quota, bands)| Tier::new(quota, bands))
+            .map(|(quota, bands)| Tier::new(quota, bands, units))
             .collect();
         // Amortized sweeps of one shard at most this often.
         let gap = self.sweep_interval / 8;

@@ -122,7 +122,7 @@ fn loom_two_bands_in_one_word_are_one_decision() {
         let bands = two_bands();
         let quota = Quota::new(Rate::every(Duration::from_nanos(10)), 2)
             .and(Rate::every(Duration::from_nanos(40)), 3);
-        let tier = Tier::new(quota, bands);
+        let tier = Tier::new(quota, bands, bands);
         let epoch_ns = 0u64;
         let word = Arc::new(<Pair as Stored>::fresh(&bands, 0));
         let clock = Arc::new(Clock::new(0));

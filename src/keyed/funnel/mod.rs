@@ -152,15 +152,19 @@ struct Tier {
     /// The most units one request may take: the smallest capacity.
     capacity: u32,
     bands: Bands,
+    /// The unit of every band a key stores (the map's `units`): a key's
+    /// bands beyond this quota's are read in them, and left as they are.
+    stored: Bands,
     quota: Quota,
 }
 
 impl Tier {
-    fn new(quota: Quota, bands: Bands) -> Tier {
+    fn new(quota: Quota, bands: Bands, stored: Bands) -> Tier {
         Tier {
             first: bands.params()[0],
             capacity: bands.capacity(),
             bands,
+            stored,
             quota,
         }
     }
@@ -365,7 +369,7 @@ where
             key,
             || now_nanos,
             || Some(W::fresh(units, now_nanos)),
-            |w, epoch| w.is_drained(units, epoch, now_nanos),
+            |w, epoch| w.swept(units, epoch, now_nanos),
             false,
             |w, epoch| w.decide_and_read(tier, epoch, None, || Some(map.reading_swept(epoch)), n),
         )?;
@@ -392,7 +396,7 @@ where
             key,
             || now_nanos,
             || Some(W::fresh(units, now_nanos)),
-            |w, epoch| w.is_drained(units, epoch, now_nanos),
+            |w, epoch| w.swept(units, epoch, now_nanos),
             false,
             |w, epoch| w.decide(tier, epoch, None, || Some(map.reading_swept(epoch)), n),
         )?;
@@ -470,7 +474,7 @@ where
         let now_nanos = self.now_nanos();
         let units = &self.units;
         let left = with_map!(&self.words, map => {
-            map.sweep_all(now_nanos, |w, epoch| w.is_drained(units, epoch, now_nanos))
+            map.sweep_all(now_nanos, |w, epoch| w.swept(units, epoch, now_nanos))
         });
         self.meter.keys(left);
         left

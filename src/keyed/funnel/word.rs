@@ -129,6 +129,13 @@ pub(super) trait Stored: Send + Sync + 'static {
         let now = units.scaled(u128::from(now_ns));
         (0..Self::BANDS).all(|b| tats[b] <= now[b])
     }
+    /// Whether a sweep at `now_ns` evicts the key (every band empty), in a
+    /// shard whose epoch is `epoch_ns` until the sweep moves it to
+    /// `now_ns`. Called under the shard's write lock. A key it keeps must
+    /// stay readable against that epoch and the ones after: see [`Pair`].
+    fn swept(&self, units: &Bands, epoch_ns: u64, now_ns: u64) -> bool {
+        self.is_drained(units, epoch_ns, now_ns)
+    }
 }
 
 impl<W: Word> Stored for W {
@@ -285,9 +292,11 @@ impl Stored for Pair {
         n: u32,
     ) -> Option<(Result<(), TryAcquireError>, PerBand, u64)> {
         let quota = &tier.bands;
-        // A quota of one band leaves band 1 alone: decoded against any
-        // epoch, its half encodes back to the same 64 bits.
-        let epochs = quota.scaled(u128::from(epoch_ns));
+        // Both halves read in the map's units, whatever the tier: a tier
+        // of one band pours band 0 alone, and band 1 encodes back to the
+        // same 64 bits. (Read in the tier's, band 1's epoch was 0, and a
+        // half past 2⁶³ units saturated to 0 and was written back so.)
+        let epochs = tier.stored.scaled(u128::from(epoch_ns));
         let Some(early) = early else {
             return self.decide_late(quota, &epochs, now, n);
         };
@@ -307,6 +316,31 @@ impl Stored for Pair {
             self.0.load(Ordering::Acquire),
             &units.scaled(u128::from(epoch_ns)),
         )
+    }
+
+    /// A key the sweep keeps has a band with water; its empty bands are
+    /// moved up to `now` (empty still: the same state). Otherwise a band
+    /// nobody pours (one a tier of one band leaves alone, or a short band
+    /// while a long one keeps the key) would fall behind the epochs the
+    /// sweeps move on, and past 2⁶³ of its units behind, its half would
+    /// read as far in the future (the module docs, "below").
+    fn swept(&self, units: &Bands, epoch_ns: u64, now_ns: u64) -> bool {
+        let raw = self.0.load(Ordering::Acquire);
+        let mut tats = Pair::decode(raw, &units.scaled(u128::from(epoch_ns)));
+        let now = units.scaled(u128::from(now_ns));
+        let mut drained = true;
+        for (tat, now) in tats.iter_mut().zip(now).take(Self::BANDS) {
+            if *tat > now {
+                drained = false;
+            } else {
+                *tat = now;
+            }
+        }
+        if !drained {
+            // Under the shard's write lock: no decision is under way.
+            self.0.store(Pair::encode(&tats), Ordering::Release);
+        }
+        drained
     }
 }
 
