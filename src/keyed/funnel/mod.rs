@@ -14,9 +14,13 @@
 //!   the horizon `H = 2⁶²` units after its shard's epoch (the map sweeps the
 //!   shard first, which moves the epoch to that `now`); with `τ ≤ 2⁵⁶`,
 //!   `tat − e ≤ H + τ < 2⁶³`, however long the key then idles;
-//! * below: a sweep at `e` leaves only keys with `tat > e`, and later pours
-//!   leave `tat ≥` the pourer's `now`, which is older than `e` only by how
-//!   long a thread held a stale `now` — never near 2⁶³ units.
+//! * below: a sweep at `e` evicts the keys whose every band is empty and
+//!   moves the empty bands of those it keeps up to `e` (the same state:
+//!   empty), so it leaves every band's `tat ≥ e` — a band nobody pours
+//!   (one a tier of fewer bands leaves alone, or a short band while a long
+//!   one keeps the key) would otherwise fall behind the epochs to come;
+//!   later pours leave `tat ≥` the pourer's `now`, which is older than `e`
+//!   only by how long a thread held a stale `now` — never near 2⁶³ units.
 //!
 //! The decoding does not depend on the caller's `now`, so a thread whose
 //! `now` is older than another's pour reads the water that pour left (it
