@@ -107,6 +107,11 @@ pub(crate) struct ShardMap<K, V, S> {
     origin: clock::Origin,
     /// The least time between two amortized sweeps of one shard.
     sweep_gap: Duration,
+    /// When a full map last looked for room in the other shards than a new
+    /// key's, ns since the origin plus one (0: never): at most once a sweep
+    /// gap, so that a flood of new keys against a full map pays one load
+    /// each for it, however many shards there are.
+    others_swept: AtomicU64,
     /// The oldest a shard's epoch may be when one of its keys is updated, in
     /// ns (`u64::MAX`: any age).
     horizon: u64,
@@ -175,6 +180,7 @@ where
             refused: AtomicU64::new(0),
             origin,
             sweep_gap,
+            others_swept: AtomicU64::new(0),
             horizon,
         }
     }
@@ -327,8 +333,15 @@ where
     }
 
     /// Sweeps the shards other than `own` that are due (not swept within
-    /// the sweep gap), each under its own lock, until one frees a slot.
+    /// the sweep gap), each under its own lock, until one frees a slot; at
+    /// most once a sweep gap.
     fn sweep_others(&self, own: &Shard<K, V>, now: u64, mut is_fresh: impl FnMut(&V, u64) -> bool) {
+        let last = self.others_swept.load(Ordering::Relaxed);
+        if last != 0 && Duration::from_nanos(now.saturating_sub(last - 1)) < self.sweep_gap {
+            return;
+        }
+        self.others_swept
+            .store(now.saturating_add(1), Ordering::Relaxed);
         for shard in &self.shards {
             if self.len() < self.max_keys {
                 return;
