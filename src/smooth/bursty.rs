@@ -203,7 +203,7 @@ impl SmoothBursty {
     ///
     /// Dropping the future before it resolves gives up its turn. If its
     /// reservation is still the latest change to the limiter (nothing was
-    /// reserved and the rate was not changed after it), the reservation is
+    /// reserved and `set_rate` was not called after it), the reservation is
     /// withdrawn and the limiter is exactly as if the call had never been
     /// made. Otherwise the calls after it were already priced on top of its
     /// debt: the part of its cost not yet elapsed is given back, and every

@@ -18,7 +18,8 @@
 //!   give-back) gets a fresh version number; a waiter remembers the state
 //!   before its reservation and the version its reservation produced. If it
 //!   is dropped while the limiter is still at that version — nothing was
-//!   reserved and the rate was not changed after it, or everything after
+//!   reserved and `set_rate` was not called after it (even with the same
+//!   rate: it resyncs the state), or everything after
 //!   it was withdrawn in turn — the old state is put back, exactly as if it
 //!   had never arrived. Otherwise later reservations were priced on top of
 //!   its debt (Guava's pay-later model: each caller's wait is the previous
