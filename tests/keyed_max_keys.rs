@@ -67,3 +67,27 @@ async fn acquire_on_a_new_key_takes_the_slot_of_a_drained_key_in_any_shard() {
     }
     assert_eq!(map.len(), 1);
 }
+
+/// The same for a map of any limiter (`Keyed`, the same map underneath):
+/// a bucket refilled long ago gives its slot to a new key, in any shard.
+#[tokio::test(start_paused = true)]
+async fn a_keyed_map_of_buckets_gives_a_refilled_key_s_slot_to_a_new_one() {
+    use tokio_ratelimit::TokenBucket;
+    use tokio_ratelimit::keyed::Keyed;
+
+    let map: Keyed<u64, TokenBucket> = Keyed::builder()
+        .limiter(|| {
+            TokenBucket::builder()
+                .rate(Rate::per_second(10))
+                .capacity(1)
+                .build()
+        })
+        .max_keys(1)
+        .background_sweep(false)
+        .build()
+        .unwrap();
+    for key in 0..16u64 {
+        time::advance(Duration::from_secs(1)).await;
+        assert_eq!(map.try_acquire(&key), Ok(()), "key {key}");
+    }
+}
