@@ -103,7 +103,8 @@ impl RefusalCache {
     /// How long `n` permits of `key` under `quota` are still known to be
     /// refused at `now`, in the connection's epoch `epoch`; `None` when
     /// Redis must be asked. Only the same key, the same quota, as many
-    /// permits or more, and the same epoch.
+    /// permits, and the same epoch: a refusal of fewer permits refuses more
+    /// too, but not for as long, and the wait must be the request's own.
     pub(super) fn refused(
         &self,
         key: &str,
@@ -117,7 +118,7 @@ impl RefusalCache {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         let entry = slot.as_ref()?;
-        (entry.n <= n
+        (entry.n == n
             && now < entry.until
             && entry.epoch == epoch
             && entry.quota == *quota
@@ -141,14 +142,9 @@ impl RefusalCache {
             .slot(key)
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        if let Some(held) = slot.as_ref() {
-            // A refusal of fewer permits for the same key and quota says
-            // more; keep it while it holds, unless this one is of as few.
-            let same = &*held.key == key && held.quota == *quota && held.epoch == epoch;
-            if same && held.n < n && sent < held.until {
-                return;
-            }
-        }
+        // The latest refusal replaces whatever the slot held (another key's,
+        // or this key's for another number of permits: each answers only
+        // its own).
         *slot = Some(Entry {
             key: key.into(),
             quota: *quota,
@@ -210,12 +206,16 @@ mod tests {
     }
 
     #[test]
-    fn a_refusal_holds_for_as_many_or_more_until_it_expires() {
+    fn a_refusal_holds_for_as_many_until_it_expires() {
         let cache = RefusalCache::new(8);
         let t0 = Instant::now();
         cache.remember("k", &Q, 3, t0, ms(200), 1);
         assert_eq!(cache.refused("k", &Q, 3, t0 + ms(50), 1), Some(ms(150)));
-        assert_eq!(cache.refused("k", &Q, 5, t0 + ms(50), 1), Some(ms(150)));
+        assert_eq!(
+            cache.refused("k", &Q, 5, t0 + ms(50), 1),
+            None,
+            "more: refused too, but for longer than this says: ask"
+        );
         assert_eq!(
             cache.refused("k", &Q, 2, t0 + ms(50), 1),
             None,
@@ -265,16 +265,16 @@ mod tests {
     }
 
     #[test]
-    fn the_fewest_refused_is_kept() {
+    fn the_latest_refusal_is_kept() {
         let cache = RefusalCache::new(1);
         let t0 = Instant::now();
         cache.remember("k", &Q, 1, t0, ms(100), 1);
         cache.remember("k", &Q, 4, t0, ms(300), 1);
-        assert_eq!(cache.refused("k", &Q, 1, t0, 1), Some(ms(100)));
-        // Once it has expired, the larger refusal replaces it.
-        cache.remember("k", &Q, 4, t0 + ms(100), ms(300), 1);
-        assert_eq!(cache.refused("k", &Q, 4, t0 + ms(150), 1), Some(ms(250)));
-        assert_eq!(cache.refused("k", &Q, 1, t0 + ms(150), 1), None);
+        assert_eq!(cache.refused("k", &Q, 1, t0, 1), None);
+        assert_eq!(cache.refused("k", &Q, 4, t0, 1), Some(ms(300)));
+        cache.remember("k", &Q, 1, t0 + ms(100), ms(50), 1);
+        assert_eq!(cache.refused("k", &Q, 1, t0 + ms(120), 1), Some(ms(30)));
+        assert_eq!(cache.refused("k", &Q, 4, t0 + ms(120), 1), None);
         // A refusal of a new epoch replaces one of an old epoch.
         cache.remember("k", &Q, 1, t0 + ms(150), ms(100), 1);
         cache.remember("k", &Q, 4, t0 + ms(150), ms(100), 2);

@@ -171,8 +171,10 @@
 //! With the [refusal cache](RedisFunnelBuilder::refusal_cache) on (the
 //! default), a refusal Redis gave is answered in this process, without a
 //! round trip, only to a request of the same key, under the same quota (and
-//! so the same prefix: the cache is the limiter's), of at least as many
-//! permits, until the instant Redis said they could fit — a refusal Redis
+//! so the same prefix: the cache is the limiter's), of as many permits
+//! (a refusal of fewer refuses more too, but not for as long, and a
+//! `retry_after` is the request's own), until the instant Redis said they
+//! could fit — a refusal Redis
 //! would give too, since its state of a key only ever moves later. It is
 //! dropped as soon as anything says that state may have moved back: a
 //! grant Redis gives the key (any decision, any quota), a peek that shows
