@@ -15,7 +15,7 @@ use tokio_ratelimit::{AcquireError, Funnel, Rate, TryAcquireError};
 use tokio_test::{assert_pending, assert_ready, assert_ready_eq, task};
 
 mod support;
-use support::{limited, ms};
+use support::{Lcg, limited, ms};
 
 fn funnel(rate: Rate, capacity: u32) -> Funnel {
     Funnel::builder()
@@ -310,19 +310,6 @@ async fn close_fails_waiters_and_later_calls() {
     assert_ready_eq!(w.poll(), Err(AcquireError::Closed));
     assert_eq!(f.acquire().await, Err(AcquireError::Closed));
     assert_eq!(f.try_acquire(), Err(TryAcquireError::Closed));
-}
-
-/// A small deterministic generator (64-bit LCG, high bits).
-struct Lcg(u64);
-
-impl Lcg {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        (self.0 >> 33) % n
-    }
 }
 
 #[tokio::test(start_paused = true)]

@@ -12,18 +12,10 @@ use tokio_ratelimit::keyed::KeyedFunnel;
 use tokio_ratelimit::{Quota, Rate};
 use tower::{Layer, ServiceExt, service_fn};
 
-type Svc = tower::util::BoxCloneService<Request<Body>, Response<Body>, Infallible>;
+mod support;
+use support::Lcg;
 
-struct Lcg(u64);
-impl Lcg {
-    fn next(&mut self) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        self.0 >> 33
-    }
-}
+type Svc = tower::util::BoxCloneService<Request<Body>, Response<Body>, Infallible>;
 
 fn model(q: &Quota) -> Vec<FunnelState> {
     q.bands()
@@ -107,14 +99,14 @@ async fn run(quotas: &[Quota], seed: u64, steps: usize) {
         .collect();
     let mut rng = Lcg(seed);
     for step in 0..steps {
-        let adv = match rng.next() % 4 {
+        let adv = match rng.below(4) {
             0 => 0,
-            1 => rng.next() % 50,
-            2 => rng.next() % 1000,
-            _ => rng.next() % 5000,
+            1 => rng.below(50),
+            2 => rng.below(1000),
+            _ => rng.below(5000),
         };
         tokio::time::advance(Duration::from_millis(adv)).await;
-        let k = usize::try_from(rng.next() % keys as u64).unwrap();
+        let k = usize::try_from(rng.below(keys as u64)).unwrap();
         let now = start.elapsed();
         let req = Request::get("/")
             .header("x-key", format!("k{k}"))

@@ -18,7 +18,6 @@
 //!
 //! Each case runs on a fresh current-thread runtime with a paused clock.
 
-use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -36,18 +35,12 @@ use tokio_ratelimit::{
 };
 use tokio_test::task;
 
+mod support;
+use support::run;
+
 const NS: u128 = 1_000_000_000;
 
 /// Runs `f` on a fresh current-thread runtime with a paused clock.
-fn run<F: Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .unwrap()
-        .block_on(f)
-}
-
 /// The bytes of a case: not all alike, so that a byte out of place shows.
 fn data(len: usize, seed: u8) -> Vec<u8> {
     (0..len)

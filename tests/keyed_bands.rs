@@ -12,7 +12,7 @@ use tokio_ratelimit::keyed::KeyedFunnel;
 use tokio_ratelimit::{Quota, Rate, TryAcquireError};
 
 mod support;
-use support::{limited, ms};
+use support::{limited, ms, run};
 
 /// Pours `n` into every funnel of `bands` at `now` if all have room (the
 /// documented rule of a quota), else changes nothing and answers the
@@ -219,15 +219,6 @@ async fn a_short_band_stays_readable_while_a_long_band_keeps_the_key() {
     let expected = pour(&mut bands, now, 1);
     assert_eq!(expected, Ok(()));
     assert_eq!(map.try_acquire(&1), expected, "at {now:?}");
-}
-
-fn run<F: std::future::Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .unwrap()
-        .block_on(f)
 }
 
 proptest::proptest! {

@@ -14,18 +14,9 @@ use tokio_ratelimit::keyed::KeyedFunnel;
 use tokio_ratelimit::{ConfigError, Quota, Rate, TryAcquireError};
 
 mod support;
-use support::{limited, ms};
+use support::{limited, ms, run};
 
 const DAY: Duration = Duration::from_secs(86_400);
-
-fn run<F: Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .unwrap()
-        .block_on(f)
-}
 
 /// One key under a quota, as the reference sees it: a funnel per band.
 #[derive(Clone)]

@@ -16,7 +16,6 @@
 //! are computed here with exact integer arithmetic, independently of the
 //! crate.
 
-use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
@@ -31,19 +30,13 @@ use tokio_ratelimit::{
 };
 use tokio_test::task;
 
+mod support;
+use support::run;
+
 const MS: u128 = 1_000_000;
 const TICK: Duration = Duration::from_millis(1);
 
 /// Runs `f` on a fresh current-thread runtime with a paused clock.
-fn run<F: Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .unwrap()
-        .block_on(f)
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Token,

@@ -3,7 +3,6 @@
 //! refusal debits no band, waiters stay FIFO across bands, and withdrawn
 //! waiters never let any band over-admit.
 
-use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -16,16 +15,7 @@ use tokio_ratelimit::{
 };
 
 mod support;
-use support::{limited, ms};
-
-fn run<F: Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .unwrap()
-        .block_on(f)
-}
+use support::{limited, ms, run};
 
 const SECOND_AND_MINUTE: Quota = Quota::new(Rate::per_second(10), 10).and(Rate::per_minute(20), 20);
 

@@ -9,6 +9,8 @@
 
 #[path = "support/redis_server.rs"]
 mod redis_server;
+mod support;
+use support::Lcg;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime};
@@ -74,19 +76,6 @@ async fn cmd<T: redis::FromRedisValue>(
         c.arg(*a);
     }
     c.query_async(con).await.unwrap()
-}
-
-/// A small deterministic generator.
-struct Lcg(u64);
-
-impl Lcg {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        (self.0 >> 33) % n
-    }
 }
 
 fn as_try(d: &Decision) -> Result<(), TryAcquireError> {

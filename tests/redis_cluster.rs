@@ -10,6 +10,8 @@
 
 #[path = "support/redis_server.rs"]
 mod redis_server;
+mod support;
+use support::Lcg;
 
 #[path = "support/redis_cluster.rs"]
 mod redis_cluster;
@@ -161,19 +163,6 @@ async fn info_field(con: &mut MultiplexedConnection, section: &str, field: &str)
         .unwrap_or_else(|| panic!("no {field} in INFO {section}"))
         .trim()
         .to_owned()
-}
-
-/// A small deterministic generator.
-struct Lcg(u64);
-
-impl Lcg {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        (self.0 >> 33) % n
-    }
 }
 
 fn as_try(d: &Decision) -> Result<(), TryAcquireError> {

@@ -8,6 +8,8 @@
 
 #[path = "support/redis_server.rs"]
 mod redis_server;
+mod support;
+use support::Lcg;
 
 use std::time::Duration;
 
@@ -26,19 +28,6 @@ async fn funnel(server: &RedisServer, quota: Quota, prefix: &str, cache: usize) 
         .build()
         .await
         .unwrap()
-}
-
-/// A seeded generator (the runs are reproducible).
-struct Lcg(u64);
-
-impl Lcg {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        (self.0 >> 33) % n
-    }
 }
 
 /// Random requests from two processes' limiters on one prefix — one with

@@ -17,6 +17,8 @@
 
 #[path = "support/redis_server.rs"]
 mod redis_server;
+mod support;
+use support::Lcg;
 
 use std::time::{Duration, SystemTime};
 
@@ -166,18 +168,6 @@ fn the_reference_is_funnel_state() {
                 f.empty_at()
             );
         }
-    }
-}
-
-struct Lcg(u64);
-
-impl Lcg {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        (self.0 >> 33) % n
     }
 }
 

@@ -9,6 +9,32 @@ use std::time::Duration;
 use tokio::task::{JoinHandle, yield_now};
 use tokio_ratelimit::TryAcquireError;
 
+/// A seeded generator (runs are reproducible): a 64-bit LCG (Knuth's
+/// MMIX constants), its high bits.
+pub(crate) struct Lcg(pub(crate) u64);
+
+impl Lcg {
+    /// A number below `n`.
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (self.0 >> 33) % n
+    }
+}
+
+/// Runs `f` to its end on a runtime whose clock is paused (for the
+/// property tests, whose cases are plain functions).
+pub(crate) fn run<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap()
+        .block_on(f)
+}
+
 /// `n` milliseconds.
 pub(crate) fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
