@@ -6,7 +6,9 @@
 //! service. The permit is held, not spent, until `call`: a service dropped
 //! in between drops its reservation, which gives the permit back, and one
 //! dropped while still waiting drops the `reserve` future, which gives back
-//! its place in the queue. So readiness that is never used costs nothing.
+//! its place in the queue. So readiness that is never used costs nothing
+//! (on the smooth limiters, nothing but the stored permits it spent once
+//! another caller reserved after it: see [`Reservation`]).
 //!
 //! The state sits in a `Mutex` only to make the service `Sync` (axum wants
 //! its services `Sync`; the boxed future is only `Send`). It is reached
@@ -50,9 +52,16 @@ type Reserving = Pin<Box<dyn Future<Output = Result<Reservation, AcquireError>> 
 ///
 /// A service dropped after `poll_ready` and before `call` gives its permit
 /// back; one dropped while `poll_ready` waits gives back its place in the
-/// queue. No permit is lost to readiness that is never used. (This holds
-/// for every limiter of this crate; a [`Limiter`] of your own that keeps
-/// the trait's default `reserve` spends the permit in `poll_ready`.)
+/// queue. On the buckets (`TokenBucket`, `LeakyBucket`, `Funnel`) no permit
+/// is lost to readiness that is never used. On `SmoothBursty` and
+/// `SmoothWarmingUp` the same holds while nobody got ready after it; once
+/// someone did, the dropped readiness gives back the part of its cost not
+/// yet elapsed, but the stored permits it spent stay spent, as for any
+/// dropped [`Reservation`] of theirs: a `SmoothBursty` has one stored
+/// permit fewer, and a `SmoothWarmingUp` is that much warmer, so the calls
+/// after it are priced as for a limiter that served one more. (A
+/// [`Limiter`] of your own that keeps the trait's default `reserve` spends
+/// the permit in `poll_ready`.)
 ///
 /// # Examples
 ///
