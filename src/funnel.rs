@@ -181,6 +181,7 @@ impl Funnel {
     /// # Errors
     ///
     /// As [`try_acquire_many`](Self::try_acquire_many).
+    #[inline]
     pub fn try_acquire(&self) -> Result<(), TryAcquireError> {
         self.engine.try_acquire(1)
     }
@@ -192,6 +193,7 @@ impl Funnel {
     /// [`TryAcquireError::Limited`] with the exact time until they would
     /// fit; [`TryAcquireError::InsufficientCapacity`] when `n` exceeds the
     /// capacity; [`TryAcquireError::Closed`].
+    #[inline]
     pub fn try_acquire_many(&self, n: u32) -> Result<(), TryAcquireError> {
         self.engine.try_acquire(n)
     }

@@ -240,6 +240,7 @@ impl LeakyBucket {
     /// # Errors
     ///
     /// As [`try_acquire_many`](Self::try_acquire_many).
+    #[inline]
     pub fn try_acquire(&self) -> Result<(), TryAcquireError> {
         self.engine.try_acquire(1)
     }
@@ -252,6 +253,7 @@ impl LeakyBucket {
     /// [`TryAcquireError::Limited`] with the exact time until `n` units
     /// would fit; [`TryAcquireError::InsufficientCapacity`] when `n` exceeds
     /// the capacity; [`TryAcquireError::Closed`].
+    #[inline]
     pub fn try_acquire_many(&self, n: u32) -> Result<(), TryAcquireError> {
         self.engine.try_acquire(n)
     }

@@ -229,6 +229,7 @@ impl TokenBucket {
     /// # Errors
     ///
     /// As [`try_acquire_many`](Self::try_acquire_many).
+    #[inline]
     pub fn try_acquire(&self) -> Result<(), TryAcquireError> {
         self.engine.try_acquire(1)
     }
@@ -242,6 +243,7 @@ impl TokenBucket {
     /// [`TryAcquireError::Limited`] with the exact time until `n` tokens
     /// would be there; [`TryAcquireError::InsufficientCapacity`] when `n`
     /// exceeds the capacity; [`TryAcquireError::Closed`].
+    #[inline]
     pub fn try_acquire_many(&self, n: u32) -> Result<(), TryAcquireError> {
         self.engine.try_acquire(n)
     }

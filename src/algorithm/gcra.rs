@@ -161,13 +161,20 @@ impl Params {
         // The common cases divide in 64 bits (or not at all): a 128-bit
         // division is a library call.
         if let Ok(small) = u64::try_from(scaled) {
-            // Whole-nanosecond rates need no division at all.
-            if self.den == 1 {
-                return Duration::from_nanos(small);
-            }
-            return Duration::from_nanos(small.div_ceil(self.den));
+            return self.duration_ceil_narrow(small);
         }
         nanos_to_duration(scaled.div_ceil(u128::from(self.den)))
+    }
+
+    /// [`duration_ceil`](Self::duration_ceil) of a 64-bit quantity: inline,
+    /// so that a refusal on the meter's 64-bit path makes no call.
+    #[inline]
+    pub(crate) fn duration_ceil_narrow(&self, scaled: u64) -> Duration {
+        // Whole-nanosecond rates need no division at all.
+        if self.den == 1 {
+            return Duration::from_nanos(scaled);
+        }
+        Duration::from_nanos(scaled.div_ceil(self.den))
     }
 
     /// Scaled units in whole nanoseconds, rounded up.

@@ -114,6 +114,15 @@ impl Snapshot {
     }
 }
 
+/// How one lock-free attempt on the narrow word ended.
+enum Once {
+    Done(Taken),
+    /// Another thread's pour changed the word first: try again.
+    Lost,
+    /// Not decided in 64 bits here: take the general way.
+    Wide,
+}
+
 /// What [`Cell::reserve`] does with a request that would have to wait.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Wait {
@@ -222,6 +231,16 @@ impl Cell {
                 params,
             };
         }
+    }
+
+    /// The interval, with `Acquire`: see [`take_once`](Self::take_once).
+    #[inline]
+    fn params_acquire(&self) -> Params {
+        Params::from_parts(
+            self.num.load(Ordering::Acquire),
+            self.den.load(Ordering::Acquire),
+            self.capacity,
+        )
     }
 
     /// The interval as stored, unvalidated.
@@ -342,6 +361,24 @@ impl Cell {
         self.take_reading(n, || self.now_nanos())
     }
 
+    /// [`take`](Self::take)'s first attempt, when it needs no call: the
+    /// narrow word and the fast clock's segment answer it (a lost swap
+    /// tries again). `None`: take the whole way ([`take`](Self::take)),
+    /// which a caller does out of line, so that this path saves no
+    /// registers for it.
+    #[inline]
+    pub(crate) fn take_leaf(&self, n: u32) -> Option<Taken> {
+        loop {
+            match self.take_once(n, || self.origin.elapsed_nanos_leaf()) {
+                Once::Done(taken) => return Some(taken),
+                // As in `take_reading`: two threads on one bucket lose
+                // swaps often, and each retry here costs no call.
+                Once::Lost => spin_loop(),
+                Once::Wide => return None,
+            }
+        }
+    }
+
     /// [`take`](Self::take) with `clock` for the readings.
     ///
     /// The clock is read after the state, in program order, for every
@@ -359,45 +396,63 @@ impl Cell {
         // The narrow cell in 64-bit arithmetic; anything that does not fit
         // goes the general way, which widens the cell.
         loop {
-            let tat = self.narrow.load(Ordering::Acquire);
-            if tat >= NARROW_LIMIT {
-                break;
-            }
-            let params = self.params_relaxed();
-            let now_nanos = clock();
-            // Whole-nanosecond intervals (`den` 1, most rates) skip the
-            // multiply: it would sit between the clock and the swap.
-            let now = match u64::try_from(now_nanos) {
-                Ok(nanos) if params.den() == 1 => Some(nanos),
-                Ok(nanos) => nanos.checked_mul(params.den()),
-                Err(_) => None,
-            };
-            let Some(now) = now.filter(|&now| now < NARROW_LIMIT) else {
-                break;
-            };
-            match params.try_pour_narrow(tat, now, n) {
-                Some(Ok(end)) if end < NARROW_LIMIT => {
-                    if self
-                        .narrow
-                        .compare_exchange_weak(tat, end, Ordering::AcqRel, Ordering::Acquire)
-                        .is_ok()
-                    {
-                        return Taken::Granted;
-                    }
-                    // Another thread's pour won: let it finish with the line.
-                    spin_loop();
-                }
-                Some(Err(wait)) => {
-                    // Order the interval loads before the check.
-                    fence(Ordering::Acquire);
-                    if self.narrow.load(Ordering::Relaxed) < NARROW_LIMIT {
-                        return Taken::Limited(params.duration_ceil(u128::from(wait)));
-                    }
-                }
-                _ => break,
+            match self.take_once(n, || u64::try_from(clock()).ok()) {
+                Once::Done(taken) => return taken,
+                // Another thread's pour won: let it finish with the line.
+                Once::Lost => spin_loop(),
+                Once::Wide => break,
             }
         }
         self.take_wide(n, clock).into()
+    }
+
+    /// One attempt of [`take_reading`](Self::take_reading) on the narrow
+    /// word, `clock` reading nanoseconds (`None`: not in 64 bits, or not
+    /// without a call).
+    ///
+    /// The interval is loaded before the word, and nothing is checked
+    /// again after the decision: the interval changes only once the cell
+    /// has widened, and a rate change stores it after a release fence that
+    /// follows the widening, so an interval that is not the first one
+    /// read here (with `Acquire`) means the word loaded after it reads
+    /// wide. A narrow word therefore goes with the interval read before it.
+    #[inline]
+    fn take_once(&self, n: u32, clock: impl FnOnce() -> Option<u64>) -> Once {
+        let params = self.params_acquire();
+        let tat = self.narrow.load(Ordering::Acquire);
+        if tat >= NARROW_LIMIT {
+            return Once::Wide;
+        }
+        let Some(nanos) = clock() else {
+            return Once::Wide;
+        };
+        // Whole-nanosecond intervals (`den` 1, most rates) skip the
+        // multiply: it would sit between the clock and the swap.
+        let now = if params.den() == 1 {
+            nanos
+        } else if let Some(now) = nanos.checked_mul(params.den()) {
+            now
+        } else {
+            return Once::Wide;
+        };
+        if now >= NARROW_LIMIT {
+            return Once::Wide;
+        }
+        match params.try_pour_narrow(tat, now, n) {
+            Some(Ok(end)) if end < NARROW_LIMIT => {
+                if self
+                    .narrow
+                    .compare_exchange_weak(tat, end, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+                {
+                    Once::Done(Taken::Granted)
+                } else {
+                    Once::Lost
+                }
+            }
+            Some(Err(wait)) => Once::Done(Taken::Limited(params.duration_ceil_narrow(wait))),
+            _ => Once::Wide,
+        }
     }
 
     /// [`take_reading`](Self::take_reading) through the general snapshot.

@@ -189,10 +189,18 @@ impl<S> std::fmt::Debug for Fast<S> {
     }
 }
 
+/// The fast clock, once [`get`] has decided.
+static FAST: OnceLock<Option<Fast>> = OnceLock::new();
+
+/// The fast clock if [`get`] has set it up (an origin on it was made).
+#[inline]
+pub(crate) fn peek() -> Option<&'static Fast> {
+    FAST.get().and_then(Option::as_ref)
+}
+
 /// The fast clock, if this machine and process use one (decided once).
 #[inline]
 pub(crate) fn get() -> Option<&'static Fast> {
-    static FAST: OnceLock<Option<Fast>> = OnceLock::new();
     FAST.get_or_init(|| {
         let wanted = std::env::var("TOKIO_RATELIMIT_CLOCK").map_or(true, |v| v != "system");
         if !(wanted && trusted_counter()) {
@@ -264,6 +272,13 @@ impl<S: Source> Fast<S> {
         self.since_count(origin, self.source.counter())
     }
 
+    /// [`since`](Self::since) when the segment answers it; `None` when it
+    /// is being replaced or due to be (then `since` answers), with no call.
+    #[inline]
+    pub(crate) fn since_leaf(&self, origin: u64) -> Option<u64> {
+        self.in_segment(origin, self.source.counter())
+    }
+
     /// [`since`](Self::since), with the counter read only once every load
     /// and store before this call has completed: a time at least that of
     /// any event those loads saw (a grant another thread made under a lock
@@ -276,6 +291,16 @@ impl<S: Source> Fast<S> {
     /// [`since`](Self::since) for the counter reading `count`.
     #[inline]
     fn since_count(&self, origin: u64, count: u64) -> u64 {
+        match self.in_segment(origin, count) {
+            Some(since) => since,
+            None => self.now_slow(count).saturating_sub(origin),
+        }
+    }
+
+    /// [`since_count`](Self::since_count) from the segment as it is, if it
+    /// is whole and `count` is within it.
+    #[inline]
+    fn in_segment(&self, origin: u64, count: u64) -> Option<u64> {
         let seq = self.seq.load(Ordering::Acquire);
         let segment = self.segment();
         // Order the three loads before the check that validates them.
@@ -285,10 +310,10 @@ impl<S: Source> Fast<S> {
         let since = count.wrapping_sub(segment.count);
         if seq & 1 == 0 && since <= self.period && self.seq.load(Ordering::Relaxed) == seq {
             if let Some(product) = since.checked_mul(segment.mult) {
-                return segment.at_since(origin, product >> 32);
+                return Some(segment.at_since(origin, product >> 32));
             }
         }
-        self.now_slow(count).saturating_sub(origin)
+        None
     }
 
     /// The segment's three atomics, loaded (not validated).
@@ -500,6 +525,39 @@ mod tests {
             // After 7 s, within a microsecond of the OS clock.
             assert!(worst_late <= 1_000, "{ppm} ppm: {worst_late} ns off");
         }
+    }
+
+    /// The leaf reading (no call) answers exactly as `since` within a
+    /// segment, and leaves the rest to it: a segment due to end, one being
+    /// replaced, a counter behind the anchor (another core's).
+    #[test]
+    fn the_leaf_reading_is_since_within_a_segment_and_nothing_else() {
+        let m = source(16);
+        let fast = Fast::new(&m, PERIOD).unwrap();
+        let origin = fast.now();
+        let anchor = fast.count.load(Ordering::Relaxed);
+        // Within the segment, to its last count.
+        for step in [0, 1, 7, 2_500_000, fast.period - 1, fast.period] {
+            m.set(anchor + step, os(anchor + step));
+            assert_eq!(fast.since_leaf(origin), Some(fast.since(origin)), "{step}");
+            assert_eq!(fast.since_leaf(origin + 3), Some(fast.since(origin + 3)));
+        }
+        // Past it: the call starts the next segment; the leaf does not.
+        m.set(anchor + fast.period + 1, os(anchor + fast.period + 1));
+        assert_eq!(fast.since_leaf(origin), None);
+        let t = fast.since(origin);
+        assert_eq!(fast.since_leaf(origin), Some(t), "the next segment answers");
+        // A counter behind the anchor.
+        let anchor = fast.count.load(Ordering::Relaxed);
+        m.set(anchor - 1, os(anchor - 1));
+        assert_eq!(fast.since_leaf(origin), None);
+        // A segment being replaced (an odd sequence number).
+        m.set(anchor + 10, os(anchor + 10));
+        assert!(fast.since_leaf(origin).is_some());
+        fast.seq.fetch_add(1, Ordering::Relaxed);
+        assert_eq!(fast.since_leaf(origin), None);
+        fast.seq.fetch_add(1, Ordering::Relaxed);
+        assert_eq!(fast.since_leaf(origin), Some(fast.since(origin)));
     }
 
     #[test]

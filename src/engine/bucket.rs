@@ -149,6 +149,11 @@ impl Schedule for Bucket {
         engine.schedule().cell.take(n)
     }
 
+    #[inline]
+    fn try_take_leaf(engine: &Engine<Self>, n: u32) -> Option<Taken> {
+        engine.schedule().cell.take_leaf(n)
+    }
+
     fn reserve_unlocked(
         &self,
         n: u32,

@@ -121,6 +121,12 @@ pub(crate) trait Schedule: Sized + Send + Sync + 'static {
     /// The meter (`try_acquire` with `1 <= n <= capacity`): takes `n` now,
     /// or says how long until it could, or that the limiter is closed.
     fn try_take(engine: &Engine<Self>, n: u32) -> Taken;
+    /// [`try_take`](Schedule::try_take) when it can answer without a
+    /// call; `None`: ask `try_take`.
+    #[inline]
+    fn try_take_leaf(engine: &Engine<Self>, n: u32) -> Option<Taken> {
+        Some(Self::try_take(engine, n))
+    }
     /// The lock-free decision of an `acquire` that need not wait: `None`
     /// when it would have to (or the schedule decides only under the lock).
     fn reserve_unlocked(
@@ -368,14 +374,37 @@ impl<S: Schedule> Engine<S> {
     /// The hot path of every limiter, kept small: one range check for `n`,
     /// the schedule's decision, a counter, and the traces out of line
     /// behind their level check (the `trace!` calls' frames and spills
-    /// would otherwise be paid on every call).
+    /// would otherwise be paid on every call). A schedule that can decide
+    /// without a call (the buckets, on the fast clock: see
+    /// [`Schedule::try_take_leaf`]) does; anything else goes out of line,
+    /// so that the common path saves no registers for a call it does not
+    /// make.
     #[inline]
     pub(crate) fn try_acquire(&self, n: u32) -> Result<(), TryAcquireError> {
         // 1..=capacity in one comparison (0 wraps above any capacity).
         if n.wrapping_sub(1) >= self.capacity() {
             return self.try_acquire_edge(n);
         }
-        match S::try_take(self, n) {
+        match S::try_take_leaf(self, n) {
+            Some(taken) => self.answer_taken(n, taken),
+            None => self.try_acquire_slow(n),
+        }
+    }
+
+    /// [`try_acquire`](Self::try_acquire) when the schedule's leaf path
+    /// did not answer: out of line, so that the leaf path keeps nothing
+    /// live across a call.
+    #[inline(never)]
+    fn try_acquire_slow(&self, n: u32) -> Result<(), TryAcquireError> {
+        self.answer_taken(n, S::try_take(self, n))
+    }
+
+    /// Counts and traces what the schedule answered. The trace of a
+    /// refusal returns the answer itself, so that nothing is live across
+    /// its call.
+    #[inline]
+    fn answer_taken(&self, n: u32, taken: Taken) -> Result<(), TryAcquireError> {
+        match taken {
             Taken::Granted => {
                 self.meter.granted(n, |n| self.counts().granted(n));
                 if tracing::enabled!(tracing::Level::TRACE) {
@@ -387,7 +416,7 @@ impl<S: Schedule> Engine<S> {
                 self.meter
                     .refused(Refusal::Limited, || self.counts().refused());
                 if tracing::enabled!(tracing::Level::TRACE) {
-                    self.trace_limited(n, retry_after);
+                    return self.trace_limited(n, retry_after);
                 }
                 Err(TryAcquireError::Limited { retry_after })
             }
@@ -419,8 +448,9 @@ impl<S: Schedule> Engine<S> {
 
     #[cold]
     #[inline(never)]
-    fn trace_limited(&self, n: u32, retry_after: Duration) {
+    fn trace_limited(&self, n: u32, retry_after: Duration) -> Result<(), TryAcquireError> {
         tracing::trace!(limiter = self.kind.name(), n, ?retry_after, "limited");
+        Err(TryAcquireError::Limited { retry_after })
     }
 
     /// What [`try_acquire`](Self::try_acquire) would answer now for `n`,
