@@ -1592,3 +1592,88 @@ fn keyed_rate_changed_while_serving() {
         }
     }
 }
+
+/// `max_keys` at its boundary, on two threads: each thread brings new keys
+/// (its own, never repeated) to a map whose keys stay active for an hour,
+/// so that no sweep frees a slot. "The most keys held at once": exactly
+/// `MAX` keys are ever granted, whichever thread gets the last slot, and
+/// the map holds `MAX`; every other new key is refused. Many small fills,
+/// so that the two threads meet at the last slot often: a `KeyedFunnel`,
+/// and a `Keyed` map of token buckets (whose new key builds its bucket
+/// between the look at the count and the insert, a wider window).
+#[test]
+fn keyed_max_keys_is_exact_when_two_threads_take_the_last_slots() {
+    const MAX: usize = 4;
+    const FILLS: usize = 10_000;
+    let _serial = serial();
+    // The buckets are built in a runtime (a waiter's actor would run there).
+    let runtime = runtime();
+    let _entered = runtime.enter();
+    let funnels = || {
+        let map: KeyedFunnel<u64> = KeyedFunnel::builder()
+            .rate(Rate::per_hour(1))
+            .capacity(1)
+            .max_keys(MAX)
+            .background_sweep(false)
+            .build()
+            .unwrap();
+        (map.clone(), move |key: u64| map.try_acquire(&key).is_ok())
+    };
+    let buckets = || {
+        let map: Keyed<u64, TokenBucket> = Keyed::builder()
+            .limiter(|| {
+                TokenBucket::builder()
+                    .rate(Rate::per_hour(1))
+                    .capacity(1)
+                    .build()
+            })
+            .max_keys(MAX)
+            .background_sweep(false)
+            .build()
+            .unwrap();
+        let held = map.clone();
+        (held, move |key: u64| map.try_acquire(&key).is_ok())
+    };
+    max_keys_fills("KeyedFunnel", FILLS, MAX, funnels, KeyedFunnel::len);
+    max_keys_fills("Keyed<TokenBucket>", FILLS, MAX, buckets, Keyed::len);
+}
+
+/// `fills` times: a new map from `build` (and its `try_acquire` as a
+/// grant), two threads each asking `3 × max` keys of their own; checks
+/// that `max` were granted in all and `len` is `max`.
+fn max_keys_fills<M, F: Fn(u64) -> bool + Sync>(
+    what: &str,
+    fills: usize,
+    max: usize,
+    build: impl Fn() -> (M, F),
+    len: impl Fn(&M) -> usize,
+) {
+    let mut wrong = vec![];
+    for fill in 0..fills {
+        let (map, grant) = build();
+        let barrier = Barrier::new(2);
+        let granted: Vec<usize> = std::thread::scope(|scope| {
+            let threads: Vec<_> = (0..2u64)
+                .map(|t| {
+                    let (grant, barrier) = (&grant, &barrier);
+                    scope.spawn(move || {
+                        barrier.wait();
+                        (0..3 * max as u64).filter(|i| grant(i * 2 + t)).count()
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        let total: usize = granted.iter().sum();
+        if total != max || len(&map) != max {
+            wrong.push((fill, granted, len(&map)));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{what}: {} of {fills} fills granted other than {max} new keys or held other than {max} \
+         (fill, grants per thread, held): {:?}",
+        wrong.len(),
+        &wrong[..wrong.len().min(5)]
+    );
+}

@@ -315,15 +315,34 @@ where
         if let Some((_, v)) = table.find(hash, |(k, _)| k.borrow() == key) {
             return Ok(((f.take().expect("once"))(v, epoch), false));
         }
-        if !force && self.len() >= self.max_keys {
+        let refuse = || {
             self.refused.fetch_add(1, Ordering::Relaxed);
             let since = shard.since_sweep(now);
-            return Err(Unavailable::Refused {
+            Unavailable::Refused {
                 retry_after: self.sweep_gap.saturating_sub(since).max(clock::TICK),
-            });
+            }
+        };
+        if !force && self.len() >= self.max_keys {
+            return Err(refuse());
         }
         let value = make().ok_or(Unavailable::Failed)?;
-        let first = self.count.fetch_add(1, Ordering::Relaxed) == 0;
+        // The slot is taken with the count itself: another shard's new key
+        // may have taken the last one since the look above (each holds
+        // only its own shard's lock).
+        let before = if force {
+            self.count.fetch_add(1, Ordering::Relaxed)
+        } else {
+            let max = self.max_keys;
+            match self
+                .count
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |held| {
+                    (held < max).then_some(held + 1)
+                }) {
+                Ok(before) => before,
+                Err(_) => return Err(refuse()),
+            }
+        };
+        let first = before == 0;
         let hasher = &self.hasher;
         let entry = table.insert_unique(hash, (key.to_owned().into(), value), |(k, _)| {
             hasher.hash_one(k)
