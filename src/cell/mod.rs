@@ -203,7 +203,7 @@ impl Cell {
             let narrow = self.narrow.load(Ordering::Acquire);
             if narrow < NARROW_LIMIT {
                 // The interval cannot change before the cell widens.
-                let params = self.params_relaxed();
+                let params = self.params_loaded(Ordering::Relaxed);
                 // Order the interval loads before whatever validates them.
                 fence(Ordering::Acquire);
                 return Snapshot {
@@ -222,7 +222,7 @@ impl Cell {
                 spin_loop();
                 continue;
             }
-            let params = self.params_relaxed();
+            let params = self.params_loaded(Ordering::Relaxed);
             // Order the interval loads before whatever validates them.
             fence(Ordering::Acquire);
             return Snapshot {
@@ -233,24 +233,11 @@ impl Cell {
         }
     }
 
-    /// The interval, with `Acquire`: see [`take_once`](Self::take_once).
+    /// The interval as stored, unvalidated, loaded with `order` (`Acquire`
+    /// before a narrow word: see [`take_once`](Self::take_once)).
     #[inline]
-    fn params_acquire(&self) -> Params {
-        Params::from_parts(
-            self.num.load(Ordering::Acquire),
-            self.den.load(Ordering::Acquire),
-            self.capacity,
-        )
-    }
-
-    /// The interval as stored, unvalidated.
-    #[inline]
-    fn params_relaxed(&self) -> Params {
-        Params::from_parts(
-            self.num.load(Ordering::Relaxed),
-            self.den.load(Ordering::Relaxed),
-            self.capacity,
-        )
+    fn params_loaded(&self, order: Ordering) -> Params {
+        Params::from_parts(self.num.load(order), self.den.load(order), self.capacity)
     }
 
     /// Whether a snapshot that was only read (not swapped) is still
@@ -418,7 +405,7 @@ impl Cell {
     /// wide. A narrow word therefore goes with the interval read before it.
     #[inline]
     fn take_once(&self, n: u32, clock: impl FnOnce() -> Option<u64>) -> Once {
-        let params = self.params_acquire();
+        let params = self.params_loaded(Ordering::Acquire);
         let tat = self.narrow.load(Ordering::Acquire);
         if tat >= NARROW_LIMIT {
             return Once::Wide;
