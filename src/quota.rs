@@ -45,11 +45,10 @@ impl Band {
 /// Waiters stay FIFO across bands, and cancelling one gives back what it
 /// had not used in every band. A `LeakyBucket` shaper's request overflows
 /// when it would wait longer than some band takes to drain. Several bands
-/// grant under the limiter's lock (refusals need none), and a waiter woken
-/// late by the 1 ms timer is not credited for its lateness as a one-band
-/// bucket's is, so at rates near the timer's resolution waiters of several
-/// bands may get slightly less than the rate; `try_acquire` gets it
-/// exactly.
+/// grant under the limiter's lock (refusals need none). A waiter woken late
+/// by the 1 ms timer is credited for its lateness as on one band, so
+/// waiters get the rate of the tightest band exactly, as `try_acquire`
+/// does, and a band that never binds changes no waiter's turn.
 ///
 /// # Examples
 ///

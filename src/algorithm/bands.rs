@@ -2,9 +2,11 @@
 //!
 //! Each band keeps its own `tat` in its own scaled units ([`Params`]). A
 //! request is granted only when every band grants it, and then every band
-//! is debited; a refusal changes no band. Times shared between bands (a
-//! turn, a wait) are whole nanoseconds, rounded up: never before any
-//! band's time.
+//! is debited; a refusal changes no band. Times handed out (when a waiter
+//! is released, a wait) are whole nanoseconds, rounded up: never before any
+//! band's time. The time a waiter is poured at is exact, in each band's
+//! own units (rounded up there), so that a band that never binds changes
+//! nothing.
 //!
 //! # Waiters: poured at their turn
 //!
@@ -19,6 +21,11 @@
 //! state of requests that arrived when they were granted, so each band's
 //! window bound holds exactly.
 //!
+//! A waiter that comes back within the grace of a late release (tokio's
+//! 1 ms timer) arrives, for every band, at that release's due time, as on
+//! one band (`cell::Credit`): its turn may then be before now, and it goes
+//! at once.
+//!
 //! # Withdrawal
 //!
 //! A withdrawn reservation gives back, in each band, the part not yet
@@ -28,7 +35,7 @@
 
 use std::time::Duration;
 
-use super::gcra::{MAX_TIME, Overflow, Params, Release};
+use super::gcra::{MAX_TIME, Overflow, Params, Release, mul_div_ceil};
 
 /// The most bands decided together (`Quota::MAX_BANDS`).
 pub(crate) const MAX_BANDS: usize = 4;
@@ -49,12 +56,17 @@ pub(crate) struct Bands {
 pub(crate) struct Placed {
     /// When it may go, in ns since the origin (rounded up).
     pub(crate) turn: u128,
+    /// The same, rounded down: when it is due, for a timer credit.
+    pub(crate) due: u128,
     /// Where its water ends in each band.
     pub(crate) ends: PerBand,
     /// Each band's state just before it was poured.
     before: PerBand,
     /// When it was reserved, in ns since the origin.
     at: u128,
+    /// When it counts as having arrived (`at`, or earlier by a timer
+    /// credit).
+    arrival: u128,
     /// Its permits.
     n: u32,
     /// The rule it waits by (a leaky bucket's request for room waits by the
@@ -127,38 +139,67 @@ impl Bands {
         }
     }
 
-    /// A waiter's reservation of `n` units at `now_ns`, not yet made: its
-    /// turn, and its water poured into every band at that turn (see the
-    /// module notes). The caller commits it by storing `ends` as the new
-    /// state. A shaper's request overflows when, in some band, it would
+    /// A waiter's reservation of `n` units at `now_ns`, as if it arrived at
+    /// `arrival_ns` (`now_ns`, or earlier by a timer credit), not yet made:
+    /// its turn, and its water poured into every band at that turn (see
+    /// the module notes). The caller commits it by storing `ends` as the
+    /// new state. A shaper's request overflows when, in some band, it would
     /// hold more than the capacity's worth of water at `now_ns`: it would
     /// wait longer than that band takes to drain.
+    ///
+    /// The turn is exact: the latest of the arrival and every band's own
+    /// time, each band pouring at it in its own units (rounded up there).
+    /// Only the instant the waiter is released is rounded up to a
+    /// nanosecond; poured at that rounded instant, a band whose request
+    /// empties it (`n` its capacity) would lose up to a nanosecond's water
+    /// per request, and a quota run at that band's capacity would fall a
+    /// tick behind the same band alone.
     pub(crate) fn reserve(
         &self,
         tats: &PerBand,
         now_ns: u128,
+        arrival_ns: u128,
         n: u32,
         release: Release,
     ) -> Result<Placed, Overflow> {
-        let mut turn = now_ns;
-        for (&tat, p) in tats.iter().zip(self.params()) {
-            let now = p.scale_nanos(now_ns);
-            let place = p.reserve(tat, now, now, n, release)?;
-            turn = turn.max(p.nanos_ceil(place.ready));
+        // Each band's own time, in its units.
+        let mut ready = [0; MAX_BANDS];
+        for ((ready, &tat), p) in ready.iter_mut().zip(tats).zip(self.params()) {
+            let (now, arrival) = (p.scale_nanos(now_ns), p.scale_nanos(arrival_ns));
+            *ready = p.reserve(tat, now, arrival, n, release)?.ready;
         }
+        let mut turn = now_ns;
+        let mut due = u128::MAX;
         let mut ends = *tats;
-        for ((end, &tat), p) in ends.iter_mut().zip(tats.iter()).zip(self.params()) {
-            let at = p.scale_nanos(turn);
-            *end = tat.max(at).saturating_add(p.cost(n)).min(MAX_TIME);
-            if release == Release::Water && *end - p.scale_nanos(now_ns).min(*end) > p.tau() {
+        for (b, p) in self.params().iter().enumerate() {
+            // The turn in this band's units, rounded up there: never before
+            // any band's time.
+            let mut at = p.scale_nanos(arrival_ns);
+            for (&ready, q) in ready.iter().zip(self.params()) {
+                let here = if q.den() == p.den() {
+                    ready
+                } else {
+                    mul_div_ceil(ready, p.den(), q.den())
+                };
+                at = at.max(here);
+            }
+            turn = turn.max(p.nanos_ceil(at));
+            // Every band's `at` is at or after the exact turn, and the
+            // band that set it has it exactly.
+            due = due.min(p.nanos_floor(at));
+            let end = tats[b].max(at).saturating_add(p.cost(n)).min(MAX_TIME);
+            if release == Release::Water && end - p.scale_nanos(now_ns).min(end) > p.tau() {
                 return Err(Overflow);
             }
+            ends[b] = end;
         }
         Ok(Placed {
             turn,
+            due,
             ends,
             before: *tats,
             at: now_ns,
+            arrival: arrival_ns,
             n,
             release,
         })
@@ -207,7 +248,8 @@ impl Bands {
                 continue; // due: poured like a meter's grant, at or before now
             }
             let before = self.moved(&later.before, &old_ahead, &new_ahead, &now);
-            let Ok(again) = self.reserve(&before, later.at, later.n, later.release) else {
+            let Ok(again) = self.reserve(&before, later.at, later.arrival, later.n, later.release)
+            else {
                 continue; // cannot happen: less water ahead
             };
             old_ahead = later.ends;
@@ -317,6 +359,48 @@ mod tests {
         Bands::new(&params)
     }
 
+    /// A band that never binds changes no turn: requests of the binding
+    /// band's whole capacity, each made at the turn of the one before (a
+    /// waiter that comes straight back), are due exactly when that band
+    /// alone says, though its turns (1/7 s apart) are not whole
+    /// nanoseconds. Poured at the turn rounded up, the binding band lost up
+    /// to a nanosecond a request: the eighth fell due at 1.000 000 001 s.
+    #[test]
+    fn a_band_that_never_binds_changes_no_turn() {
+        for (rate, capacity) in [(Rate::per_second(7), 1), (Rate::per_second(3_000), 1_000)] {
+            let alone = Params::new(rate, capacity).unwrap();
+            let b = bands(&[
+                (rate, capacity),
+                (Rate::per_day(4_000_000_000), 4_000_000_000),
+            ]);
+            let mut tats = b.start(0, 0);
+            let mut tat = alone.scale_nanos(0);
+            let mut now = 0;
+            for i in 0..50 {
+                let placed = b
+                    .reserve(&tats, now, now, capacity, Release::Tokens)
+                    .unwrap();
+                let place = alone
+                    .reserve(
+                        tat,
+                        alone.scale_nanos(now),
+                        alone.scale_nanos(now),
+                        capacity,
+                        Release::Tokens,
+                    )
+                    .unwrap();
+                assert_eq!(
+                    placed.turn,
+                    alone.nanos_ceil(place.ready).max(now),
+                    "{rate:?}: request {i}"
+                );
+                tats = placed.ends;
+                tat = place.end;
+                now = placed.turn;
+            }
+        }
+    }
+
     #[test]
     fn a_refusal_changes_no_band() {
         // 10/s burst 10, and 12 per minute burst 12.
@@ -360,7 +444,7 @@ mod tests {
         // Three waiters at 2 s: the minute band gives one per 20 s.
         let mut turns = vec![];
         for _ in 0..3 {
-            let placed = b.reserve(&tats, 2 * S, 1, Release::Tokens).unwrap();
+            let placed = b.reserve(&tats, 2 * S, 2 * S, 1, Release::Tokens).unwrap();
             tats = placed.ends;
             turns.push(placed.turn / S);
         }
@@ -377,7 +461,7 @@ mod tests {
         tats[1] = b.params()[1].scale_nanos(15 * S);
         let mut turns = vec![];
         for _ in 0..4 {
-            let placed = b.reserve(&tats, 0, 1, Release::Tokens).unwrap();
+            let placed = b.reserve(&tats, 0, 0, 1, Release::Tokens).unwrap();
             tats = placed.ends;
             turns.push(placed.turn);
         }
@@ -396,20 +480,23 @@ mod tests {
     fn a_shaper_overflows_when_any_band_is_full() {
         let b = bands(&[(Rate::per_second(10), 2), (Rate::per_second(1), 5)]);
         let tats = b.start(0, 0);
-        let first = b.reserve(&tats, 0, 1, Release::Water).unwrap();
+        let first = b.reserve(&tats, 0, 0, 1, Release::Water).unwrap();
         assert_eq!(first.turn, 0);
         // The second waits 1 s for the slow band: more than the fast band's
         // 200 ms of room.
-        assert_eq!(b.reserve(&first.ends, 0, 1, Release::Water), Err(Overflow));
+        assert_eq!(
+            b.reserve(&first.ends, 0, 0, 1, Release::Water),
+            Err(Overflow)
+        );
     }
 
     #[test]
     fn a_withdrawal_places_the_ones_behind_again() {
         let b = bands(&[(Rate::per_second(10), 1), (Rate::per_second(1), 1)]);
         let tats = b.start(0, 0);
-        let first = b.reserve(&tats, 0, 1, Release::Tokens).unwrap();
-        let second = b.reserve(&first.ends, 0, 1, Release::Tokens).unwrap();
-        let mut third = b.reserve(&second.ends, 0, 1, Release::Tokens).unwrap();
+        let first = b.reserve(&tats, 0, 0, 1, Release::Tokens).unwrap();
+        let second = b.reserve(&first.ends, 0, 0, 1, Release::Tokens).unwrap();
+        let mut third = b.reserve(&second.ends, 0, 0, 1, Release::Tokens).unwrap();
         assert_eq!((first.turn, second.turn, third.turn), (0, S, 2 * S));
         // The second withdrawn at 0: the third takes its turn.
         let mut tats = third.ends;

@@ -43,6 +43,10 @@ use crate::algorithm::{MAX_TIME, Params, Place, Release, Reserve, Taken};
 use crate::clock;
 use crate::sync::{AtomicU64, AtomicU128, Ordering, fence, spin_loop};
 
+mod credit;
+
+pub(crate) use credit::{CREDIT_GRACE, CREDIT_REACH, Credit};
+
 const TAT_MASK: u128 = MAX_TIME;
 const GEN_SHIFT: u32 = 100;
 const GEN_MASK: u128 = (1 << 27) - 1;
@@ -54,13 +58,6 @@ const NARROW_LIMIT: u64 = 1 << 62;
 const WIDE: u64 = 1 << 63;
 /// The narrow word while one thread copies it into the wide one.
 const MOVING: u64 = WIDE | NARROW_LIMIT;
-
-/// How soon after a late release a waiter's request is credited for the
-/// lateness (see [`Cell::arrival`]). Under a tick, so that with the paused
-/// clock only requests at the release instant are.
-pub(crate) const CREDIT_GRACE: Duration = Duration::from_micros(500);
-/// The furthest back a credit reaches.
-pub(crate) const CREDIT_REACH: Duration = Duration::from_millis(4);
 
 /// The lock-free state of one bucket.
 ///
@@ -88,10 +85,8 @@ pub(crate) struct Cell {
     pub(crate) release: Release,
     /// The state once the cell has widened (see the module docs).
     word: AtomicU128,
-    /// The latest waiter released after its due time: its due time (ns
-    /// since the origin, rounded down) in the high 64 bits, the time it was
-    /// released in the low 64 bits; 0 for none.
-    credit: AtomicU128,
+    /// The latest waiter released after its due time (see [`Credit`]).
+    credit: Credit,
 }
 
 /// A consistent view of the word and the interval it is expressed in.
@@ -161,7 +156,7 @@ impl Cell {
             origin,
             release,
             word: AtomicU128::new(word),
-            credit: AtomicU128::new(0),
+            credit: Credit::new(),
         }
     }
 
@@ -548,71 +543,30 @@ impl Cell {
         }
     }
 
-    /// When a waiter's request counts as having arrived.
-    ///
-    /// Normally `now`. But tokio wakes a waiter only on a millisecond tick,
-    /// and in real time often a tick or two later still, so a waiter released
-    /// by the timer is late; if the bucket emptied meanwhile and the caller
-    /// comes straight back for more, clamping the schedule to `now` would
-    /// throw away the permits that fell due while it overslept (at 100 000/s
-    /// with a capacity of 10, nine in ten). So a waiter's request that comes
-    /// within [`CREDIT_GRACE`] of such a late release is scheduled from the
-    /// released one's due time instead: the permits are credited, and the
-    /// long-run rate is exact.
-    ///
-    /// The credit reaches back by the release's lateness plus the grace, at
-    /// most [`CREDIT_REACH`], so grants to waiters stay within `capacity +
-    /// rate × (window + that reach)`. With the paused clock a release is at
-    /// most one tick late and the caller comes back at the same instant, so
-    /// the bound is `capacity + rate × (window + 1 tick)`. `try_acquire`
-    /// never takes credit and stays within `capacity + rate × window`.
+    /// When a waiter's request counts as having arrived: `now`, or the due
+    /// time of a late release whose credit runs (see [`Credit`]).
     fn arrival(&self, s: &Snapshot, now_nanos: u128, now: u128) -> u128 {
         if s.tat() >= now {
             return now; // the bucket is busy: no clamping happens anyway
         }
-        match self.credit_due(now_nanos) {
+        match self.credit.due(now_nanos) {
             Some(due) => s.params.scale_nanos(due),
             None => now,
         }
     }
 
-    /// The due time of the late release whose credit runs at `now_nanos`.
-    fn credit_due(&self, now_nanos: u128) -> Option<u128> {
-        let credit = self.credit.load(Ordering::Relaxed);
-        if credit == 0 {
-            return None;
-        }
-        let (due, released) = (credit >> 64, credit & u128::from(u64::MAX));
-        let in_grace = released <= now_nanos && now_nanos - released <= CREDIT_GRACE.as_nanos();
-        let in_reach = due <= now_nanos && now_nanos - due <= CREDIT_REACH.as_nanos();
-        (in_grace && in_reach).then_some(due)
-    }
-
     /// Whether a timer credit is still running at `now_nanos` (a bucket
     /// with one is not in a fresh state).
     pub(crate) fn has_credit(&self, now_nanos: u128) -> bool {
-        self.credit_due(now_nanos).is_some()
+        self.credit.due(now_nanos).is_some()
     }
 
     /// Records that a waiter due at `ready` (scaled) was released at
     /// `now` (scaled), later than due.
     pub(crate) fn note_late_release(&self, params: &Params, ready: u128, now: u128) {
-        if ready >= now {
-            return;
-        }
-        let due = params.nanos_floor(ready).min(u128::from(u64::MAX));
-        let released = params.nanos_floor(now).min(u128::from(u64::MAX));
-        let new = due << 64 | released;
-        let mut old = self.credit.load(Ordering::Relaxed);
-        // Keep the latest due time.
-        while old >> 64 <= due && old != new {
-            match self
-                .credit
-                .compare_exchange_weak(old, new, Ordering::Relaxed, Ordering::Relaxed)
-            {
-                Ok(_) => break,
-                Err(actual) => old = actual,
-            }
+        if ready < now {
+            self.credit
+                .note(params.nanos_floor(ready), params.nanos_floor(now));
         }
     }
 
@@ -709,7 +663,7 @@ impl Cell {
         convert(&old, &new);
         self.num.store(new.num(), Ordering::Relaxed);
         self.den.store(new.den(), Ordering::Relaxed);
-        self.credit.store(0, Ordering::Relaxed);
+        self.credit.clear();
         // Nobody else can change the word while the generation is odd
         // (closing and refunds also hold the queue lock).
         let even = with_generation((word & !TAT_MASK) | tat, generation(word) + 1);

@@ -4,8 +4,8 @@
 //! One band stays on the lock-free [`Bucket`](super::Bucket); several
 //! cannot be changed by one compare-and-swap, and a refusal must leave all
 //! of them as they were, so they are decided under the lock (which the
-//! meter then takes too). There is no timer credit here: a waiter woken
-//! late is not credited for the lateness.
+//! meter then takes too). A waiter woken late is credited for the
+//! lateness as on one band ([`Credit`]).
 
 use std::fmt;
 use std::sync::Arc;
@@ -17,6 +17,7 @@ use tokio::time::Instant;
 use super::published::Published;
 use super::{Engine, Kind, Reserve, Schedule, Waits};
 use crate::algorithm::{Bands, PerBand, Placed, Release, Taken};
+use crate::cell::Credit;
 use crate::{ConfigError, Peek, Quota, clock};
 
 /// The schedule over several bands.
@@ -34,6 +35,9 @@ pub(crate) struct Banded {
     closed: AtomicBool,
     /// The bands' states after every change, for refusals without the lock.
     published: Published,
+    /// The latest waiter released after its turn (written and read under
+    /// the engine's lock).
+    credit: Credit,
 }
 
 impl Banded {
@@ -119,7 +123,11 @@ impl Schedule for Banded {
             return Reserve::Closed;
         }
         let now = self.now();
-        let Ok(placed) = self.bands.reserve(tats, now, n, waits.rule(self.release)) else {
+        let arrival = self.credit.due(now).unwrap_or(now);
+        let Ok(placed) = self
+            .bands
+            .reserve(tats, now, arrival, n, waits.rule(self.release))
+        else {
             return Reserve::Overflow;
         };
         let wait = placed.turn - now;
@@ -155,7 +163,11 @@ impl Schedule for Banded {
         )
     }
 
-    fn granted(&self, _: &mut PerBand, _: &u128, _: &Placed, _: u32) {}
+    fn granted(&self, _: &mut PerBand, now: &u128, turn: &Placed, _: u32) {
+        if turn.due < *now {
+            self.credit.note(turn.due, *now);
+        }
+    }
 
     fn withdraw<'a>(
         &self,
@@ -172,6 +184,9 @@ impl Schedule for Banded {
 
     fn is_fresh(&self, tats: &PerBand) -> bool {
         let now = self.now();
+        if self.credit.due(now).is_some() {
+            return false;
+        }
         let fresh = self.bands.start(now, self.fresh_deficit);
         tats.iter()
             .zip(fresh)
@@ -211,6 +226,7 @@ impl Engine<Banded> {
             origin,
             closed: AtomicBool::new(false),
             published: Published::new(&bands.start(0, deficit)),
+            credit: Credit::new(),
         };
         let tats = bands.start(0, deficit);
         Ok(Engine::new(kind, banded, tats, waking, meter))
