@@ -96,6 +96,12 @@
 //! [`InvalidInput`](io::ErrorKind::InvalidInput). Errors of the reader or
 //! writer underneath pass through as they are.
 //!
+//! A limiter closed mid-transfer stops the payments, not the bytes already
+//! paid for: a reader still hands out what it holds, a writer still writes
+//! its credit (under a chunk), and only the next payment fails. [`copy`]
+//! then returns the error, and the chunk its reader had read but not paid
+//! for is lost with it (as on cancellation).
+//!
 //! # Streams of bytes
 //!
 //! A stream of byte chunks (`Vec<u8>`, `Bytes`, anything with a length)
@@ -176,7 +182,7 @@ pub const DEFAULT_MAX_CHUNK: u32 = 16 * 1024;
 
 /// The [`io::ErrorKind`] of the error a wrapper returns for a limiter's
 /// refusal: `Closed` is [`ConnectionAborted`](io::ErrorKind::ConnectionAborted)
-/// (the transfer cannot go on), `InsufficientCapacity` is
+/// (no more can be paid for), `InsufficientCapacity` is
 /// [`InvalidInput`](io::ErrorKind::InvalidInput) (the limiter cannot grant
 /// one byte), anything else [`Other`](io::ErrorKind::Other).
 ///
