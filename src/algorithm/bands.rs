@@ -62,11 +62,6 @@ pub(crate) struct Placed {
     pub(crate) ends: PerBand,
     /// Each band's state just before it was poured.
     before: PerBand,
-    /// When it was reserved, in ns since the origin.
-    at: u128,
-    /// When it counts as having arrived (`at`, or earlier by a timer
-    /// credit).
-    arrival: u128,
     /// Its permits.
     n: u32,
     /// The rule it waits by (a leaky bucket's request for room waits by the
@@ -198,19 +193,18 @@ impl Bands {
             due,
             ends,
             before: *tats,
-            at: now_ns,
-            arrival: arrival_ns,
             n,
             release,
         })
     }
 
     /// Withdraws `gone` at `now_ns`: each band gets back its undrained part
-    /// (as [`Params::refund`] says for one band), and every reservation in `behind` (those after
-    /// it, in order) that is not yet due is placed again as it was made —
-    /// at the time it was reserved, for its permits, by its rule — on the
-    /// state before it less what moved ahead of it. Returns whether any
-    /// turn moved.
+    /// (as [`Params::refund`] says for one band), and every reservation in
+    /// `behind` (those after it, in order) that is not yet due is placed
+    /// again — for its permits, by its rule, as if asked at `now_ns` — on
+    /// the state before it less what moved ahead of it; one already due
+    /// keeps its turn, and its place moves with the states around it.
+    /// Returns whether any turn moved.
     ///
     /// Why no band over-admits: unrolled, a band's state is the largest,
     /// over the requests poured, of (the time it was poured at + the water
@@ -244,13 +238,24 @@ impl Bands {
         let mut old_ahead = old_ahead;
         let mut moved = false;
         for later in behind {
-            if later.turn <= now_ns {
-                continue; // due: poured like a meter's grant, at or before now
-            }
             let before = self.moved(&later.before, &old_ahead, &new_ahead, &now);
-            let Ok(again) = self.reserve(&before, later.at, later.arrival, later.n, later.release)
-            else {
-                continue; // cannot happen: less water ahead
+            if later.turn <= now_ns {
+                // Due: poured like a meter's grant, at or before now, and
+                // it stays. Its place moves as the states around it do, so
+                // that withdrawing it later gives back only what is there.
+                let ends = self.moved(&later.ends, &old_ahead, &new_ahead, &now);
+                old_ahead = later.ends;
+                new_ahead = ends;
+                later.before = before;
+                later.ends = ends;
+                continue;
+            }
+            // Placed again, for its permits and by its rule, as if asked
+            // now: poured no earlier than now, so that no band counts its
+            // water as draining while it waited. (It cannot overflow: the
+            // water ahead is less, and as much later as the time since.)
+            let Ok(again) = self.reserve(&before, now_ns, now_ns, later.n, later.release) else {
+                continue;
             };
             old_ahead = later.ends;
             new_ahead = again.ends;

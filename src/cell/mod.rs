@@ -659,11 +659,21 @@ impl Cell {
             self.den.load(Ordering::Relaxed),
             self.capacity,
         );
-        let tat = old.rescale(&new, word & TAT_MASK, now_nanos);
-        convert(&old, &new);
-        self.num.store(new.num(), Ordering::Relaxed);
-        self.den.store(new.den(), Ordering::Relaxed);
-        self.credit.clear();
+        let tat = if new == old {
+            // The same interval: nothing to convert, and an idle state and
+            // a running timer credit stay as they are (moved up to now,
+            // and forgotten, they would lose the permits the credit gives).
+            word & TAT_MASK
+        } else {
+            let tat = old.rescale(&new, word & TAT_MASK, now_nanos);
+            convert(&old, &new);
+            self.num.store(new.num(), Ordering::Relaxed);
+            self.den.store(new.den(), Ordering::Relaxed);
+            // A credit reaching back before the change would count that
+            // time at the new rate.
+            self.credit.clear();
+            tat
+        };
         // Nobody else can change the word while the generation is odd
         // (closing and refunds also hold the queue lock).
         let even = with_generation((word & !TAT_MASK) | tat, generation(word) + 1);

@@ -48,8 +48,10 @@ mod queue;
 mod waiter;
 
 use std::fmt;
+use std::future::poll_fn;
+use std::pin::pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
-use std::task::Waker;
+use std::task::{Poll, Waker};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -521,16 +523,38 @@ impl<S: Schedule> Engine<S> {
         let waiter = self.wait_turn(id, grant);
         // The turn was within `max_wait` when it was reserved; a later
         // `set_rate` may push it out, so the deadline still stands.
-        match max_wait.and_then(|wait| clock::now().checked_add(wait)) {
-            Some(deadline) => clock::timeout_at(deadline, waiter)
-                .await
-                .unwrap_or_else(|_| {
-                    self.meter
-                        .refused(Refusal::Timeout, || self.counts().refused());
-                    Err(AcquireError::Timeout)
-                }),
-            None => waiter.await,
-        }
+        let Some(deadline) = max_wait.and_then(|wait| clock::now().checked_add(wait)) else {
+            return waiter.await;
+        };
+        // Once the deadline's timer has fired, the turn decides: a waiter
+        // whose turn is after the deadline times out even if the turn came
+        // too before the timer's tick (a rate change that moved it past the
+        // deadline by less than a tick); one whose turn came by the
+        // deadline goes. (Dropped, the waiter withdraws its entry.)
+        let mut waiter = pin!(waiter);
+        let mut timer = pin!(clock::sleep_until(deadline));
+        poll_fn(|cx| {
+            if timer.as_mut().poll(cx).is_ready() && self.turn_after(id, deadline) {
+                self.meter
+                    .refused(Refusal::Timeout, || self.counts().refused());
+                return Poll::Ready(Err(AcquireError::Timeout));
+            }
+            waiter.as_mut().poll(cx)
+        })
+        .await
+    }
+
+    /// Whether entry `id`'s turn is after `deadline` (or never comes); not
+    /// when the entry has left the queue (its answer is the waiter's).
+    fn turn_after(&self, id: u64, deadline: Instant) -> bool {
+        let queue = self.lock();
+        let Some((turn, n)) = queue.turn_of(id) else {
+            return false;
+        };
+        let view = self.schedule.view(&queue.books);
+        self.schedule
+            .instant(&view, turn, n)
+            .is_none_or(|at| at > deadline)
     }
 
     /// Reserves `n` permits. A caller that may proceed at once gets

@@ -270,6 +270,12 @@ impl<S: Schedule> Queue<S> {
         }
     }
 
+    /// The turn and the permits of entry `id`, while it is in the queue
+    /// (pending, or granted and not yet observed).
+    pub(crate) fn turn_of(&self, id: u64) -> Option<(&S::Turn, u32)> {
+        self.find(id).map(|idx| self.turn(idx))
+    }
+
     /// The turn and the permits of the entry at `idx` (an index
     /// [`observe`](Self::observe) gave).
     pub(crate) fn turn(&self, idx: usize) -> (&S::Turn, u32) {
