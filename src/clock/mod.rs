@@ -385,6 +385,7 @@ pub(crate) fn sleep(duration: Duration) -> Sleep {
 }
 
 /// `future`, or `Elapsed` once `deadline` has passed.
+#[cfg(feature = "redis")]
 pub(crate) fn timeout_at<F: std::future::Future>(
     deadline: Instant,
     future: F,
