@@ -189,8 +189,10 @@ where
     }
 
     /// The most keys held at once (default: unbounded). When all are active
-    /// (not fresh), new keys are refused: `try_acquire` answers `Limited`,
-    /// `acquire` waits and retries.
+    /// (not fresh), new keys are refused: `try_acquire` answers
+    /// `Unavailable`, `acquire` waits and retries (but for requests the
+    /// key's limiter would answer at once whatever the map: `n` = 0 passes,
+    /// `n` over its capacity is `InsufficientCapacity`).
     pub fn max_keys(&mut self, max_keys: usize) -> &mut Self {
         self.max_keys = max_keys;
         self
@@ -419,7 +421,9 @@ where
     /// # Errors
     ///
     /// Whatever the limiter answers; `Unavailable` for a new key refused by
-    /// `max_keys` (the map's doing, not the key's); `Closed` if the factory
+    /// `max_keys` (the map's doing, not the key's; but `n` = 0 passes and
+    /// `n` over the key's capacity is `InsufficientCapacity`, as the key's
+    /// limiter would answer whatever the map); `Closed` if the factory
     /// failed for a new key.
     pub fn try_acquire_many<Q>(&self, key: &Q, n: u32) -> Result<(), TryAcquireError>
     where
@@ -433,12 +437,41 @@ where
                     .count(n, result.is_ok(), Refusal::of_try(&result));
                 result
             }
-            // Not the key's doing: the map is full (a 503, not a 429).
             Err(Unavailable::Refused { .. }) => {
+                if let Some(result) = self.known_without_a_slot(key, n) {
+                    self.inner
+                        .count(n, result.is_ok(), Refusal::of_try(&result));
+                    return result;
+                }
+                // Not the key's doing: the map is full (a 503, not a 429).
                 self.inner.meter.refused_uncounted(Refusal::Unavailable);
                 Err(TryAcquireError::Unavailable)
             }
             Err(Unavailable::Failed) => Err(TryAcquireError::Closed),
+        }
+    }
+
+    /// What a new key's limiter would answer `n` whatever the map holds,
+    /// for a new key a full map turns away: `n` = 0 passes, and `n` over
+    /// the capacity of the limiter the factory would build for the key is
+    /// refused as such (a request that could never be granted is neither
+    /// the map's refusal to retry nor one to wait out). `None`: the map's
+    /// refusal stands. Builds that limiter only for `n` > 1 (every limiter
+    /// holds one permit), so a flood of single requests builds none.
+    fn known_without_a_slot<Q>(&self, key: &Q, n: u32) -> Option<Result<(), TryAcquireError>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned + ?Sized,
+        Q::Owned: Into<K>,
+    {
+        match n {
+            0 => Some(Ok(())),
+            1 => None,
+            _ => {
+                let fresh = self.inner.make(&key.to_owned().into())?;
+                let answer = fresh.peek(n)?.answer();
+                (answer == Err(TryAcquireError::InsufficientCapacity)).then_some(answer)
+            }
         }
     }
 
@@ -462,7 +495,8 @@ where
 
     /// Waits for `n` permits from `key`'s limiter (built if new), as that
     /// limiter's `acquire_many` does. A new key refused by `max_keys` waits
-    /// until a slot frees up.
+    /// until a slot frees up (but for `n` = 0, which passes, and `n` over
+    /// the key's capacity, refused at once).
     ///
     /// # Errors
     ///
@@ -488,6 +522,12 @@ where
                     return result;
                 }
                 Err(Unavailable::Refused { retry_after }) => {
+                    if let Some(known) = self.known_without_a_slot(key, n) {
+                        let result = known.map_err(|_| AcquireError::InsufficientCapacity);
+                        self.inner
+                            .count(n, result.is_ok(), Refusal::of_wait(&result));
+                        return result;
+                    }
                     clock::sleep(retry_after).await;
                 }
                 Err(Unavailable::Failed) => return Err(AcquireError::Closed),
