@@ -281,7 +281,7 @@ impl LeakyBucket {
         self.engine.level()
     }
 
-    /// Shaped requests waiting to come out now.
+    /// Shaped requests waiting to come out now (whose turn has not come).
     pub fn waiting(&self) -> usize {
         self.engine.waiting()
     }

@@ -31,7 +31,9 @@ pub struct Stats {
     /// larger than the capacity (not those refused because the limiter was
     /// closed).
     pub refused: u64,
-    /// Callers waiting in `acquire` now.
+    /// Callers waiting in `acquire` now: those whose turn has not come (one
+    /// whose turn has come has its permits, whether or not its future has
+    /// been polled since).
     pub waiting: usize,
     /// Permits that could be taken at once now (whole tokens, or free room
     /// in a leaky bucket); `None` where the algorithm has no such number

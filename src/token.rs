@@ -288,7 +288,7 @@ impl TokenBucket {
         self.engine.available()
     }
 
-    /// Callers waiting in `acquire` now.
+    /// Callers waiting in `acquire` now (whose turn has not come).
     pub fn waiting(&self) -> usize {
         self.engine.waiting()
     }

@@ -835,3 +835,42 @@ async fn peek_agrees_with_the_next_call_per_key_on_both_maps() {
         }
     }
 }
+
+/// `stats().waiting` counts callers whose turn has not come, alike on every
+/// kind, whether an actor marks a due waiter granted on its tick (the
+/// buckets) or the waiter does when next polled (its own timer: the funnel,
+/// the smooth limiters): a waiter whose turn has passed but whose future
+/// nobody polls (held in a wrapper, say) is not waiting. (It read 1 on the
+/// kinds with their own timers and 0 on the others.)
+#[tokio::test(start_paused = true)]
+async fn a_due_waiter_nobody_polls_is_not_waiting_on_every_kind() {
+    let mut seen = Vec::new();
+    for k in kinds() {
+        let l = &k.limiter;
+        // Empty it (a leaky bucket only half: its waiter would overflow).
+        if k.name == "leaky" {
+            l.try_acquire_many(1).unwrap();
+        } else {
+            while l.try_acquire_many(1).is_ok() {}
+        }
+        let mut waiter = task::spawn(l.acquire_many(1));
+        assert!(waiter.poll().is_pending(), "{}: the waiter waits", k.name);
+        let before = l.stats().waiting;
+        // Past every kind's turn (a cold warming-up limiter's is 300 ms).
+        time::advance(ms(1000)).await;
+        settle().await;
+        let after = l.stats().waiting;
+        assert!(waiter.poll().is_ready(), "{}: due", k.name);
+        seen.push((k.name, before, after, l.stats().waiting));
+    }
+    let expected = [
+        "token",
+        "leaky",
+        "funnel",
+        "bursty",
+        "warming",
+        "token-2band",
+    ]
+    .map(|name| (name, 1, 0, 0));
+    assert_eq!(seen, expected);
+}

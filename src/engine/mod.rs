@@ -347,19 +347,22 @@ impl<S: Schedule> Engine<S> {
         self.schedule.is_closed()
     }
 
-    /// Waiters that have not proceeded yet.
+    /// Waiters whose turn has not come.
     pub(crate) fn waiting(&self) -> usize {
-        self.lock().pending()
+        let queue = self.lock();
+        let view = self.schedule.view(&queue.books);
+        queue.not_due(&self.schedule, &view)
     }
 
     /// Counters and the state now.
     pub(crate) fn stats(&self) -> Stats {
         let (granted, refused) = stats::totals(&self.stripe_a, &self.stripe_b);
         let queue = self.lock();
+        let view = self.schedule.view(&queue.books);
         Stats {
             granted,
             refused,
-            waiting: queue.pending(),
+            waiting: queue.not_due(&self.schedule, &view),
             available: self.schedule.available(&queue.books),
         }
     }

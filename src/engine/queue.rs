@@ -190,6 +190,16 @@ impl<S: Schedule> Queue<S> {
         self.entries().filter(|e| e.state == State::Pending).count()
     }
 
+    /// Entries still waiting for their turn at `view`: pending and not
+    /// due. (A due entry is the caller's whether or not anyone has marked
+    /// it granted yet: an actor does on its tick, a waiter that keeps its
+    /// own timer when it is next polled.)
+    pub(crate) fn not_due(&self, schedule: &S, view: &S::View) -> usize {
+        self.entries()
+            .filter(|e| e.state == State::Pending && !schedule.is_due(view, &e.turn, e.n))
+            .count()
+    }
+
     /// Whether an entry has not proceeded yet.
     pub(crate) fn has_pending(&self) -> bool {
         self.first_pending().is_some()
