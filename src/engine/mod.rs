@@ -530,8 +530,8 @@ impl<S: Schedule> Engine<S> {
             return waiter.await;
         };
         // Once the deadline's timer has fired, the turn decides: a waiter
-        // whose turn is after the deadline times out even if the turn came
-        // too before the timer's tick (a rate change that moved it past the
+        // whose turn is after the deadline times out, even when that turn
+        // had also come by the timer's tick (a rate change moved it past the
         // deadline by less than a tick); one whose turn came by the
         // deadline goes. (Dropped, the waiter withdraws its entry.)
         let mut waiter = pin!(waiter);
