@@ -664,6 +664,71 @@ async fn zero_bytes_per_permit_is_one_and_zero_max_chunk_is_one() {
     assert_eq!(limiter.stats().granted, 2000);
 }
 
+/// A reader that records how many bytes each read was offered and fills
+/// at most `per_read` of them.
+struct Offered {
+    per_read: usize,
+    offered: Arc<std::sync::Mutex<Vec<usize>>>,
+}
+
+impl AsyncRead for Offered {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        self.offered.lock().unwrap().push(buf.remaining());
+        let n = buf.remaining().min(self.per_read);
+        buf.put_slice(&vec![0; n]);
+        Poll::Ready(Ok(()))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_read_buffer_grows_with_what_the_reader_delivers_not_with_max_chunk() {
+    // A smooth limiter has no capacity to hold the chunk to: the chunk is
+    // the `max_chunk` asked for, here 4 GiB, and the buffer must not be.
+    let limiter = || {
+        SmoothBursty::builder()
+            .permits_per_second(1e9)
+            .build()
+            .unwrap()
+    };
+    let read = |per_read: usize, reads: usize| async move {
+        let offered = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let inner = Offered {
+            per_read,
+            offered: offered.clone(),
+        };
+        let mut reader = RateLimitedRead::with_max_chunk(u32::MAX, inner, limiter());
+        assert_eq!(reader.chunk(), u32::MAX);
+        let mut out = vec![0; 1 << 20];
+        for _ in 0..reads {
+            assert!(reader.read(&mut out).await.unwrap() > 0);
+        }
+        offered.lock().unwrap().clone()
+    };
+    // A reader that delivers 100 bytes at a time is offered 16 KiB, always.
+    assert_eq!(read(100, 4).await, [16 * 1024; 4]);
+    // One that fills whatever it is offered gets twice as much each time
+    // (each read is handed out whole before the next: `out` is 1 MiB).
+    assert_eq!(
+        read(usize::MAX, 5).await,
+        [16 * 1024, 32 * 1024, 64 * 1024, 128 * 1024, 256 * 1024]
+    );
+    // A chunk under 16 KiB is the buffer from the start.
+    let offered = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let inner = Offered {
+        per_read: usize::MAX,
+        offered: offered.clone(),
+    };
+    let mut reader = RateLimitedRead::with_max_chunk(1000, inner, limiter());
+    let mut out = [0; 4096];
+    assert_eq!(reader.read(&mut out).await.unwrap(), 1000);
+    assert_eq!(reader.read(&mut out).await.unwrap(), 1000);
+    assert_eq!(*offered.lock().unwrap(), [1000, 1000]);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_closed_limiter_fails_a_copy_at_once() {
     let limiter = bytes(1000, 1000);

@@ -13,12 +13,20 @@ use super::DEFAULT_MAX_CHUNK;
 use super::meter::Meter;
 use crate::Limiter;
 
+/// The reader's first buffer, at most: grown by doubling after reads that
+/// fill it, up to the chunk.
+const INITIAL_BUFFER: usize = DEFAULT_MAX_CHUNK as usize;
+
 pin_project! {
     /// A reader whose bytes are paid for with a [`Limiter`]'s permits, one
     /// permit per byte: the reads come no faster than the limiter allows.
     ///
     /// Each read from the reader underneath goes into the wrapper's buffer
-    /// (at most one chunk, see [the module docs](super#chunks)); the bytes
+    /// (at most one chunk, see [the module docs](super#chunks); the buffer
+    /// starts at [`DEFAULT_MAX_CHUNK`](super::DEFAULT_MAX_CHUNK) bytes or
+    /// one chunk, whichever is less, and doubles after each read that
+    /// fills it, up to one chunk, so a large `max_chunk` costs memory only
+    /// when the reader underneath delivers that much at once); the bytes
     /// it returned are then paid for, exactly as many as it returned, and
     /// handed out once paid. So an end of file, an error or a reader that
     /// never sends costs nothing, and a connection waits only for bytes it
@@ -221,13 +229,18 @@ impl<R: AsyncRead, L: Limiter + 'static> AsyncBufRead for RateLimitedRead<R, L> 
                 continue;
             }
             // Everything read is handed out: read the next chunk. (The
-            // buffer is empty here, so it can be made larger at no cost if
-            // the chunk has grown, with `bytes_per_permit`.)
+            // buffer is empty here, so it can be made larger at no cost.)
+            // It starts at `DEFAULT_MAX_CHUNK` at most and doubles, up to
+            // the chunk, only after a read that filled it: its size follows
+            // what the reader underneath delivers, not a `max_chunk` of
+            // gigabytes that no read will ever fill.
             let chunk = this.meter.chunk() as usize;
-            if this.buf.len() < chunk {
-                *this.buf = vec![0; chunk].into_boxed_slice();
+            if this.buf.len() < chunk && *this.filled == this.buf.len() {
+                let grown = (this.buf.len() * 2).max(INITIAL_BUFFER).min(chunk);
+                *this.buf = vec![0; grown].into_boxed_slice();
             }
-            let mut read = ReadBuf::new(&mut this.buf[..chunk]);
+            let len = chunk.min(this.buf.len());
+            let mut read = ReadBuf::new(&mut this.buf[..len]);
             ready!(this.inner.as_mut().poll_read(cx, &mut read))?;
             let n = read.filled().len();
             (*this.pos, *this.paid, *this.filled) = (0, 0, n);
