@@ -6,7 +6,8 @@
 //! interleaving (and every value a weakly ordered load may return) of the
 //! code that goes through this module (the cell, the keyed words, the
 //! bands' published states, the smooth limiters' debt, the fast clock's
-//! segment, the stats counters and the metrics meter's). Only that code
+//! segment, the stats counters and the metrics meter's, the keyed maps'
+//! shard locks and key count). Only that code
 //! does: the rest of the crate keeps std's atomics, and the loom run
 //! filters the tests by name
 //! (`cargo test --lib loom`), since a loom atomic used outside
@@ -15,7 +16,9 @@
 #[cfg(not(all(test, tokio_ratelimit_loom)))]
 pub(crate) use std::hint::spin_loop;
 #[cfg(not(all(test, tokio_ratelimit_loom)))]
-pub(crate) use std::sync::atomic::{AtomicU64, Ordering, fence};
+pub(crate) use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering, fence};
+#[cfg(not(all(test, tokio_ratelimit_loom)))]
+pub(crate) use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 #[cfg(not(all(test, tokio_ratelimit_loom)))]
 pub(crate) use portable_atomic::AtomicU128;
@@ -23,7 +26,9 @@ pub(crate) use portable_atomic::AtomicU128;
 #[cfg(all(test, tokio_ratelimit_loom))]
 pub(crate) use loom::hint::spin_loop;
 #[cfg(all(test, tokio_ratelimit_loom))]
-pub(crate) use loom::sync::atomic::{AtomicU64, Ordering, fence};
+pub(crate) use loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering, fence};
+#[cfg(all(test, tokio_ratelimit_loom))]
+pub(crate) use loom::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 #[cfg(all(test, tokio_ratelimit_loom))]
 pub(crate) use self::model::AtomicU128;

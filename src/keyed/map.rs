@@ -35,13 +35,13 @@
 
 use std::borrow::Borrow;
 use std::hash::{BuildHasher, Hash};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::PoisonError;
 use std::time::Duration;
 
 use hashbrown::HashTable;
 
 use crate::clock;
+use crate::sync::{AtomicU64, AtomicUsize, Ordering, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// Counters of a keyed limiter.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -156,8 +156,15 @@ where
         horizon: u64,
     ) -> Self {
         // Four shards per core keeps writers on different keys apart.
-        let cores = std::thread::available_parallelism().map_or(4, usize::from);
-        let shards = (cores * 4).next_power_of_two().clamp(4, 1024);
+        #[cfg(not(all(test, tokio_ratelimit_loom)))]
+        let shards = {
+            let cores = std::thread::available_parallelism().map_or(4, usize::from);
+            (cores * 4).next_power_of_two().clamp(4, 1024)
+        };
+        // The loom models: two, the fewest where two keys' locks differ
+        // (each shard is a lock for loom to interleave).
+        #[cfg(all(test, tokio_ratelimit_loom))]
+        let shards = 2;
         let per_shard = max_keys.div_ceil(shards);
         ShardMap {
             shards: (0..shards)
@@ -526,5 +533,121 @@ mod tests {
         assert_eq!(epoch_of(1), 101);
         // Reads never sweep.
         assert_eq!(map.get(&1, |v, epoch| (*v, epoch)), Some((1, 101)));
+    }
+}
+
+/// loom models of the key count against the shard locks: two new keys in
+/// different shards, each under its own shard's lock only, and a sweep
+/// beside a new key. (The count is the map's, the locks are the shards'.)
+#[cfg(all(test, tokio_ratelimit_loom))]
+mod loom_tests {
+    use std::hash::{BuildHasherDefault, DefaultHasher};
+
+    use loom::sync::Arc;
+    use loom::thread;
+
+    use super::*;
+
+    type Map = ShardMap<u32, u32, BuildHasherDefault<DefaultHasher>>;
+
+    fn map(max_keys: usize) -> Map {
+        ShardMap::new(
+            BuildHasherDefault::default(),
+            max_keys,
+            Duration::ZERO,
+            clock::Origin::at(clock::now()),
+            u64::MAX,
+        )
+    }
+
+    /// The first keys from 0 up that fall in `n` different shards (the
+    /// hasher is seedless, so the same keys in every execution).
+    fn keys_in_different_shards(map: &Map, n: usize) -> Vec<u32> {
+        let mut keys: Vec<u32> = Vec::new();
+        for key in 0.. {
+            let shard = map.shard(map.hash(&key));
+            if keys
+                .iter()
+                .all(|k| !std::ptr::eq(map.shard(map.hash(k)), shard))
+            {
+                keys.push(key);
+                if keys.len() == n {
+                    return keys;
+                }
+            }
+        }
+        unreachable!()
+    }
+
+    /// The entries the shards hold, counted one by one.
+    fn held(map: &Map) -> usize {
+        let mut n = 0;
+        map.for_each(|_, _| n += 1);
+        n
+    }
+
+    fn insert(
+        map: &Map,
+        key: u32,
+        is_fresh: impl FnMut(&u32, u64) -> bool,
+    ) -> Result<bool, Unavailable> {
+        map.get_or_insert(&key, || 0, || Some(key), is_fresh, false, |_, _| ())
+            .map(|((), first)| first)
+    }
+
+    /// Two new keys in different shards race for the last slot: exactly
+    /// one gets it, whatever the interleaving (a look at the count under
+    /// each shard's own lock, then an add, let both in).
+    #[test]
+    fn loom_two_new_keys_never_take_more_than_max_keys() {
+        loom::model(|| {
+            let map = Arc::new(map(1));
+            let keys = keys_in_different_shards(&map, 2);
+            let threads: Vec<_> = keys
+                .iter()
+                .map(|&key| {
+                    let map = Arc::clone(&map);
+                    thread::spawn(move || insert(&map, key, |_, _| false))
+                })
+                .collect();
+            let answers: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+            let granted = answers.iter().filter(|a| a.is_ok()).count();
+            assert_eq!(granted, 1, "{answers:?}");
+            // The winner was the map's first key; the other was refused.
+            assert!(answers.contains(&Ok(true)), "{answers:?}");
+            assert!(
+                answers
+                    .iter()
+                    .any(|a| matches!(a, Err(Unavailable::Refused { .. }))),
+                "{answers:?}"
+            );
+            assert_eq!((map.len(), held(&map)), (1, 1));
+        });
+    }
+
+    /// A sweep that evicts a fresh key beside a new key in another shard
+    /// that needs its slot: the count always equals the entries held and
+    /// never exceeds `max_keys`; the new key gets the slot (its own sweep
+    /// of the other shards frees it if the sweep beside has not yet).
+    #[test]
+    fn loom_a_sweep_beside_a_new_key_keeps_the_count_exact() {
+        loom::model(|| {
+            let map = Arc::new(map(1));
+            let keys = keys_in_different_shards(&map, 2);
+            let (old, new) = (keys[0], keys[1]);
+            let fresh = move |v: &u32, _| *v == old;
+            insert(&map, old, fresh).unwrap();
+            let sweeper = {
+                let map = Arc::clone(&map);
+                thread::spawn(move || map.sweep_all(0, fresh))
+            };
+            let answer = insert(&map, new, fresh);
+            let left = sweeper.join().unwrap();
+            assert!(left <= 1);
+            // (`first` if the sweep beside emptied the map before.)
+            assert!(answer.is_ok(), "{answer:?}");
+            assert_eq!((map.len(), held(&map)), (1, 1));
+            assert_eq!(map.stats().evicted, 1);
+        });
     }
 }
