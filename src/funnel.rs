@@ -198,7 +198,10 @@ impl Funnel {
         self.engine.try_acquire(n)
     }
 
-    /// Changes the leak rate from now on.
+    /// Changes the leak rate from now on: the water in the funnel, and what
+    /// waiters in [`acquire`](Self::acquire) have reserved, drains at the
+    /// new rate, so a waiter's turn moves (earlier for a faster rate, later
+    /// for a slower one) and the order of the waiters stays.
     ///
     /// # Errors
     ///

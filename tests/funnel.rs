@@ -279,6 +279,35 @@ async fn waiters_are_served_fifo_at_exact_instants() {
     assert_eq!(start.elapsed(), ms(60));
 }
 
+/// 2/s, capacity 1: a unit at 0 (water until 500 ms), then A and B wait
+/// (turns 500 ms and 1 s: water until 1 s and 1.5 s). At 100 ms the rate
+/// changes: A's 1.8 units of water ahead and B's 2.8 drain at the new
+/// rate, each turn a unit (its own) before its water ends.
+#[tokio::test(start_paused = true)]
+async fn set_rate_moves_each_waiters_turn_and_keeps_their_order() {
+    // (new rate, A's turn, B's turn): 4/s: 100 + 450 − 250 ms, 100 + 700 − 250;
+    // 1/s: 100 + 1800 − 1000, 100 + 2800 − 1000.
+    for (rate, turns) in [(4, [ms(300), ms(550)]), (1, [ms(900), ms(1900)])] {
+        let f = funnel(Rate::per_second(2), 1);
+        let start = Instant::now();
+        f.try_acquire().unwrap();
+        let mut w = [task::spawn(f.acquire()), task::spawn(f.acquire())];
+        for t in &mut w {
+            assert_pending!(t.poll());
+        }
+        // (`advance`, not `sleep_until`: a timer rounds up to the tick.)
+        let advance_to = |at: Duration| time::advance(start + at - Instant::now());
+        advance_to(ms(100)).await;
+        f.set_rate(Rate::per_second(rate)).unwrap();
+        for (t, turn) in w.iter_mut().zip(turns) {
+            advance_to(turn - Duration::from_nanos(1)).await;
+            assert_pending!(t.poll(), "{rate}/s: before {turn:?}");
+            advance_to(turn).await;
+            assert_ready_eq!(t.poll(), Ok(()), "{rate}/s: at {turn:?}");
+        }
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn more_than_capacity_fails_at_once() {
     let f = funnel(Rate::per_second(10), 2);
