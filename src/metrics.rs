@@ -18,15 +18,16 @@
 //! | [`PERMITS`] | counter | `limiter` | permits granted (the sum of `n`), published each second (see below) |
 //! | [`WAITING`] | gauge | `limiter` | callers waiting in `acquire` now |
 //! | [`WAIT_SECONDS`] | histogram | `limiter` | how long each `acquire` that waited waited, granted or not |
-//! | [`KEYS`] | gauge | `limiter` | keys held by a keyed map (set as keys come and go) |
+//! | [`KEYS`] | gauge | `limiter` | keys held by a keyed map (set as keys come and go; 0 once the map is dropped) |
 //! | [`REDIS`] | counter | `limiter`, `counter` | a `RedisFunnel`'s [`RedisStats`](crate::redis::RedisStats) counters, one series each: `decisions`, `granted`, `limited`, `backend_errors`, `timeouts`, `fail_open_grants`, `retries`, `resends_granted_before`, `cached_refusals` |
 //! | [`REDIS_SECONDS`] | histogram | `limiter` | seconds per round trip of a `RedisFunnel`'s decision (one call, or one batch) |
 //!
 //! Requests refused because the limiter was closed are not counted, as in
 //! [`Stats`](crate::Stats). A `Reservation` counts as granted when it is
-//! committed. A [`Keyed`](crate::keyed::Keyed) map records its answers and
-//! keys; its per-key limiters' waits are theirs to record (name them in the
-//! factory: all keys then share one series). A `RedisFunnel` records its
+//! committed. A [`Keyed`](crate::keyed::Keyed) map records its answers,
+//! its keys, and the waits of new keys for a slot when it is full
+//! (`max_keys`); its per-key limiters' waits are theirs to record (name
+//! them in the factory: all keys then share one series). A `RedisFunnel` records its
 //! own series, below.
 //!
 //! # When the answers reach the recorder

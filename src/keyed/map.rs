@@ -51,12 +51,17 @@ pub struct KeyedStats {
     pub keys: usize,
     /// Keys dropped because their state was indistinguishable from fresh.
     pub evicted: u64,
-    /// New keys refused because `max_keys` were all active.
+    /// Requests answered `Unavailable` because `max_keys` were all active
+    /// (a new key without a slot). An `acquire` that waits for a slot is
+    /// not counted (its answer is the key's), nor a request a new key's
+    /// limiter answers whatever the map holds (`n` = 0, `n` over its
+    /// capacity).
     pub refused: u64,
     /// Permits granted, over all keys.
     pub granted: u64,
-    /// Requests refused by a key's limit (rate limited, or more than its
-    /// capacity), over all keys.
+    /// Requests refused by a key's limiter (rate limited, more than its
+    /// capacity, and for a key's limiter that answers them, a leaky
+    /// bucket's overflow or a timed-out wait), over all keys.
     pub limited: u64,
 }
 
@@ -322,8 +327,9 @@ where
         if let Some((_, v)) = table.find(hash, |(k, _)| k.borrow() == key) {
             return Ok(((f.take().expect("once"))(v, epoch), false));
         }
+        // Not counted here: the caller counts the refusals it answers (a
+        // waiter's retries are not, nor a request answered without a slot).
         let refuse = || {
-            self.refused.fetch_add(1, Ordering::Relaxed);
             let since = shard.since_sweep(now);
             Unavailable::Refused {
                 retry_after: self.sweep_gap.saturating_sub(since).max(clock::TICK),
@@ -356,6 +362,12 @@ where
         });
         let (_, v) = entry.get();
         Ok(((f.take().expect("once"))(v, epoch), first))
+    }
+
+    /// Counts a new key refused for want of a slot, as answered to a
+    /// caller ([`KeyedStats::refused`]).
+    pub(crate) fn count_refused(&self) {
+        self.refused.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Sweeps the shards other than `own` that are due (not swept within
@@ -481,6 +493,9 @@ mod tests {
             get("d", 4, false),
             Err(Unavailable::Refused { .. })
         ));
+        // The caller counts what it answers.
+        assert_eq!(map.stats().refused, 0);
+        map.count_refused();
         assert_eq!(map.stats().refused, 1);
         get("d", 4, true).unwrap();
         assert_eq!(

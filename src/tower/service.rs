@@ -63,6 +63,15 @@ type Reserving = Pin<Box<dyn Future<Output = Result<Reservation, AcquireError>> 
 /// [`Limiter`] of your own that keeps the trait's default `reserve` spends
 /// the permit in `poll_ready`.)
 ///
+/// # Counting
+///
+/// A grant counts in the limiter's [`stats`](crate::Stats) and metrics
+/// when `call` spends it; a refusal (a leaky bucket's overflow) when
+/// `poll_ready` receives it, since the limiter decided it then, and `call`
+/// answers it without counting it again. So a service dropped between a
+/// refused readiness and its `call` leaves a refusal counted that no
+/// request received.
+///
 /// # Examples
 ///
 /// ```

@@ -256,6 +256,7 @@ where
             }
             // Not the key's doing: the map is full (a 503, not a 429).
             Poured::MapFull { .. } => {
+                with_map!(&self.words, map => map.count_refused());
                 self.meter.refused_uncounted(Refusal::Unavailable);
                 Err(TryAcquireError::Unavailable)
             }
@@ -305,6 +306,8 @@ where
             }
             Err(Unavailable::Refused { retry_after }) => {
                 tracing::debug!(?retry_after, "keyed funnel full: new key refused");
+                // Its look for room may have swept keys away.
+                self.count_keys();
                 Poured::MapFull { retry_after }
             }
             Err(Unavailable::Failed) => unreachable!("a word can always be made"),
@@ -344,6 +347,8 @@ where
             }
             Err(Unavailable::Refused { retry_after }) => {
                 tracing::debug!(?retry_after, "keyed funnel full: new key refused");
+                // Its look for room may have swept keys away.
+                self.count_keys();
                 (Poured::MapFull { retry_after }, None)
             }
             Err(Unavailable::Failed) => unreachable!("a word can always be made"),
@@ -506,8 +511,10 @@ impl<K, S> Drop for Inner<K, S> {
         if let Some(notify) = &self.sweeper {
             notify.notify_one();
         }
+        // It holds no keys any more.
         if self.meter.is_on() {
             self.meter.publish(self.counters.totals());
+            self.meter.keys(0);
         }
     }
 }
