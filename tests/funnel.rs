@@ -300,7 +300,7 @@ async fn set_rate_moves_each_waiters_turn_and_keeps_their_order() {
         advance_to(ms(100)).await;
         f.set_rate(Rate::per_second(rate)).unwrap();
         for (t, turn) in w.iter_mut().zip(turns) {
-            advance_to(turn - Duration::from_nanos(1)).await;
+            advance_to(turn.saturating_sub(Duration::from_nanos(1))).await;
             assert_pending!(t.poll(), "{rate}/s: before {turn:?}");
             advance_to(turn).await;
             assert_ready_eq!(t.poll(), Ok(()), "{rate}/s: at {turn:?}");

@@ -324,3 +324,36 @@ async fn a_waiter_under_a_tier_gets_its_bands() {
     );
     assert_eq!(map.stats().granted, 4);
 }
+
+/// A waiter of the map's own quota tries each time under the quota then
+/// in use: `set_quota` while it waits applies from its next try, as to a
+/// new call. A = 1/s with a burst of 2, B = 1/s with a burst of 1; a key
+/// drained under A at 0 is empty again at 2 s (an instant B keeps). One
+/// permit fits under A at 1 s, under B at 2 s; two permits never fit
+/// under B.
+#[tokio::test(start_paused = true)]
+async fn a_waiter_tries_under_the_quota_set_while_it_waits() {
+    let a = Quota::new(Rate::per_second(1), 2);
+    let b = Quota::new(Rate::per_second(1), 1);
+    let map: KeyedFunnel<u64> = KeyedFunnel::builder().quota(a).tier(b).build().unwrap();
+    let start = Instant::now();
+    map.try_acquire_many(&1, 2).unwrap();
+    map.try_acquire_many(&2, 2).unwrap();
+    let one = tokio_test::task::spawn(map.acquire(&1));
+    let two = tokio_test::task::spawn(map.acquire_many(&2, 2));
+    let (mut one, mut two) = (one, two);
+    tokio_test::assert_pending!(one.poll());
+    tokio_test::assert_pending!(two.poll());
+    time::advance(ms(200)).await;
+    map.set_quota(b).unwrap();
+    // Key 2's waiter tries again at 2 s (its wait under A): under B, two
+    // permits are more than the capacity.
+    time::sleep_until(start + ms(1500)).await;
+    tokio_test::assert_pending!(one.poll(), "under A it would have gone at 1 s");
+    assert_eq!(one.await, Ok(()));
+    assert_eq!(start.elapsed(), ms(2000));
+    assert_eq!(
+        two.await,
+        Err(tokio_ratelimit::AcquireError::InsufficientCapacity)
+    );
+}

@@ -128,18 +128,30 @@ impl Node {
         Ok((epoch, conn))
     }
 
-    /// Connects if the connection is not open and no other request is
-    /// connecting: whether a connection is open afterwards. For the
+    /// Connects if the connection is not open: `Ok` if one is open
+    /// afterwards, else why not. If another request is connecting, waits
+    /// for the outcome of its attempt rather than making another. For the
     /// refusal cache, which answers from a closed connection's epoch only
-    /// once it has seen that Redis cannot be reached.
-    pub(super) async fn reconnect(&self) -> bool {
+    /// once it has seen that Redis cannot be reached: another request's
+    /// attempt in flight tells nothing yet (Redis may be back, and that
+    /// attempt about to move the epoch).
+    pub(super) async fn reconnect(&self) -> RedisResult<()> {
         if self.open() {
-            return true;
+            return Ok(());
         }
-        if self.connecting.try_lock().is_err() {
-            return false;
+        if let Ok(free) = self.connecting.try_lock() {
+            drop(free);
+            return self.get().await.map(drop);
         }
-        self.get().await.is_ok()
+        drop(self.connecting.lock().await);
+        if self.open() {
+            Ok(())
+        } else {
+            Err(RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::NotConnected,
+                "redis could not be reached (another request's attempt to connect failed)",
+            )))
+        }
     }
 
     /// A new connection: the socket, watched, then the `redis` crate's

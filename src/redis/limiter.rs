@@ -268,10 +268,14 @@ impl RedisFunnel {
     /// On one server, only while the connection the refusal was learned
     /// through is open (no round trip tells that: see `conn.rs`). If it was
     /// closed, the server may have restarted without its data, so this
-    /// first tries to connect again (unless another request is doing so),
-    /// within the deadline: if Redis is back, the epoch has moved and Redis
-    /// decides; if it cannot be reached, the refusal stands — Redis, once
-    /// back with its data, would give it too.
+    /// first tries to connect again (or waits for another request's
+    /// attempt), within the deadline: if Redis is back, the epoch has moved
+    /// and Redis decides; if it cannot be reached, the refusal stands while
+    /// it lasts — Redis, once back with its data, would give it too — with
+    /// its wait from the time the attempt ended. A refusal that ran out
+    /// meanwhile is not answered: Redis would grant now and cannot be
+    /// asked, so the failure policy answers, with why Redis could not be
+    /// reached.
     async fn cached(
         &self,
         key: &str,
@@ -281,15 +285,26 @@ impl RedisFunnel {
     ) -> Option<Result<(), RedisLimitError>> {
         let cache = self.inner.refusals.as_ref()?;
         let epoch = self.inner.conn.epoch();
-        let retry_after = cache.refused(key, quota.quota(), n, now, epoch)?;
+        let mut retry_after = cache.refused(key, quota.quota(), n, now, epoch)?;
         if let Conn::Node(node) = &self.inner.conn
             && !node.open()
-            && clock::timeout(self.inner.timeout, node.reconnect())
-                .await
-                .unwrap_or(false)
-            && self.inner.conn.epoch() != epoch
         {
-            return None;
+            let timeout = self.inner.timeout;
+            let unreachable = match clock::timeout(timeout, node.reconnect()).await {
+                Ok(Ok(())) if self.inner.conn.epoch() != epoch => return None,
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(RedisLimitError::Backend(e)),
+                Err(_) => Some(RedisLimitError::Timeout { timeout }),
+            };
+            match (
+                cache.refused(key, quota.quota(), n, clock::now(), epoch),
+                unreachable,
+            ) {
+                (Some(left), _) => retry_after = left,
+                (None, Some(error)) => return Some(self.failed(error, 1)),
+                // Open again (in the same epoch): Redis decides.
+                (None, None) => return None,
+            }
         }
         self.inner.counters.cached_refusals.add(1);
         Some(Err(RedisLimitError::Limited { retry_after }))
@@ -355,7 +370,7 @@ impl RedisFunnel {
     /// Dropping the future while it sleeps spends nothing; while a script
     /// is in flight, as [`try_acquire_many`](Self::try_acquire_many).
     pub async fn acquire_many(&self, key: &str, n: u32) -> Result<(), RedisLimitError> {
-        self.acquire_encoded(key, &self.own(), n).await
+        self.acquire_encoded(key, || self.own(), n).await
     }
 
     /// As [`acquire_many`](Self::acquire_many), under `quota` instead of
@@ -378,17 +393,20 @@ impl RedisFunnel {
         n: u32,
     ) -> Result<(), RedisLimitError> {
         let quota = self.encode(quota)?;
-        self.acquire_encoded(key, &quota, n).await
+        self.acquire_encoded(key, || quota, n).await
     }
 
+    /// Asks until granted, each ask under `quota()`: for the calls that
+    /// pass no quota, the limiter's at that ask (a `set_quota` while it
+    /// waits applies from its next ask on, as to any new call).
     async fn acquire_encoded(
         &self,
         key: &str,
-        quota: &Encoded,
+        quota: impl Fn() -> Encoded,
         n: u32,
     ) -> Result<(), RedisLimitError> {
         loop {
-            match self.try_acquire_encoded(key, quota, n).await {
+            match self.try_acquire_encoded(key, &quota(), n).await {
                 Err(RedisLimitError::Limited { retry_after }) => {
                     clock::sleep(spread(retry_after)).await;
                 }
@@ -744,9 +762,11 @@ impl RedisFunnel {
 
     /// Replaces the quota of every call that does not pass its own, while
     /// the limiter serves: every clone of this limiter uses `quota` from
-    /// its next call on (a call already under way finishes under the quota
-    /// it read; a batch is sent and answered under one). Nothing in Redis
-    /// changes: the keys keep their state.
+    /// its next call on (a decision already under way finishes under the
+    /// quota it read; a batch is sent and answered under one; an `acquire`
+    /// that waits asks each time under the quota then in use, so it may
+    /// end with `InsufficientCapacity` if the new capacity is less than
+    /// it asks for). Nothing in Redis changes: the keys keep their state.
     ///
     /// **Keys mid-window** follow the tier-change rule of
     /// [`try_acquire_with`](Self::try_acquire_with) ("Tier changes"): each

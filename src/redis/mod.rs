@@ -183,10 +183,15 @@
 //! and on a cluster any connection failure or redirect (the slot may be
 //! served by a promoted replica). A connection the server closed is seen
 //! without a round trip; before answering from a refusal learned through
-//! it, the limiter tries to connect again: if Redis is back, Redis decides.
+//! it, the limiter tries to connect again (or waits for the attempt of
+//! another request already connecting), within the decision's timeout: if
+//! Redis is back, Redis decides.
 //!
 //! While Redis cannot be reached, a cached refusal still refuses, whatever
-//! the [`FailurePolicy`]: Redis, back with its data, would refuse it too.
+//! the [`FailurePolicy`]: Redis, back with its data, would refuse it too;
+//! its `retry_after` counts from the end of that attempt, and one that ran
+//! out during it is not answered (the policy decides, as for any request
+//! Redis could not).
 //! Every other request is decided by the policy — failing open, granted.
 //! What no client can see is a key deleted or rewritten by hand while the
 //! connection stays up: the cache then refuses for at most the

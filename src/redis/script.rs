@@ -226,6 +226,13 @@ const MAX_ID_HORIZON: Duration = Duration::from_secs(86_400);
 /// closing connections in a burst).
 pub(super) const RESENDS: usize = 2;
 
+/// Whether a resend counts in the stats: a decision's does, a peek's not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Resends {
+    Counted,
+    Uncounted,
+}
+
 /// Whether `e` is a failure of the connection (dropped, reset, refused,
 /// or any other I/O error), as opposed to an answer from Redis or our own
 /// deadline.
@@ -424,7 +431,7 @@ impl RedisFunnel {
         };
         let (now, state) = match clock::timeout(
             self.inner.timeout,
-            self.resend_after_connection_error(redis_key.as_bytes(), attempt),
+            self.resend(redis_key.as_bytes(), attempt, Resends::Uncounted),
         )
         .await
         {
@@ -472,7 +479,23 @@ impl RedisFunnel {
     pub(super) async fn resend_after_connection_error<T, F, Fut>(
         &self,
         key: &[u8],
+        attempt: F,
+    ) -> RedisResult<T>
+    where
+        F: FnMut(Option<u64>) -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
+        self.resend(key, attempt, Resends::Counted).await
+    }
+
+    /// [`resend_after_connection_error`](Self::resend_after_connection_error),
+    /// the resends counted in [`RedisStats::retries`](super::RedisStats::retries)
+    /// or not (a peek's, which the stats do not count).
+    async fn resend<T, F, Fut>(
+        &self,
+        key: &[u8],
         mut attempt: F,
+        resends: Resends,
     ) -> RedisResult<T>
     where
         F: FnMut(Option<u64>) -> Fut,
@@ -483,7 +506,14 @@ impl RedisFunnel {
         for _ in 0..RESENDS {
             match &result {
                 Err(e) if connection_failed(e) && !e.is_connection_refusal() => {
-                    self.inner.counters.retries.add(1);
+                    // On a cluster the client reconnects on its own, maybe
+                    // to another server (a promoted replica, a restarted
+                    // master): the refusal cache's epoch moves here, not
+                    // only when a failure reaches the caller.
+                    self.inner.conn.may_have_moved();
+                    if resends == Resends::Counted {
+                        self.inner.counters.retries.add(1);
+                    }
                     tracing::debug!(
                         prefix = %self.inner.prefix,
                         error = %e,

@@ -616,7 +616,7 @@ where
         Q: Hash + Eq + ToOwned + Sync + ?Sized,
         Q::Owned: Into<K>,
     {
-        self.wait(key, self.inner.own(), n).await
+        self.wait(key, || self.inner.own(), n).await
     }
 
     /// Pours `n` units into `key`'s funnel under `quota` — one of the
@@ -687,10 +687,19 @@ where
         Q: Hash + Eq + ToOwned + Sync + ?Sized,
         Q::Owned: Into<K>,
     {
-        self.wait(key, self.inner.tier(quota), n).await
+        let tier = self.inner.tier(quota);
+        self.wait(key, || tier, n).await
     }
 
-    async fn wait<Q>(&self, key: &Q, tier: &Tier, n: u32) -> Result<(), AcquireError>
+    /// Tries until granted, each try under `tier()`: for the calls that
+    /// name no quota, the map's quota at that try (a `set_quota` while it
+    /// waits applies from its next try on, as to any new call).
+    async fn wait<'a, Q>(
+        &'a self,
+        key: &Q,
+        tier: impl Fn() -> &'a Tier,
+        n: u32,
+    ) -> Result<(), AcquireError>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned + Sync + ?Sized,
@@ -700,7 +709,7 @@ where
         // A waiter in the metrics from its first sleep on.
         let mut waiter = None;
         loop {
-            match self.inner.pour_key(key, tier, n) {
+            match self.inner.pour_key(key, tier(), n) {
                 Poured::Granted => {
                     let inner = &self.inner;
                     inner.meter.granted(n, |n| inner.counters.granted(n));
@@ -896,8 +905,11 @@ where
     /// quota must be one the map was built with — its own or a
     /// [`tier`](KeyedFunnelBuilder::tier) — since every key's state is
     /// counted in units those quotas share: declare at build every quota
-    /// the map may be switched to. A call already under way finishes under
-    /// the quota it read.
+    /// the map may be switched to. A decision already under way finishes
+    /// under the quota it read; an `acquire` that waits tries each time
+    /// under the quota then in use (so it may end with
+    /// `InsufficientCapacity` if the new capacity is less than it asks
+    /// for).
     ///
     /// **Keys mid-window** follow the tier-change rule (see
     /// [`KeyedFunnelBuilder::tier`]): each band's instant (when it is
