@@ -6,12 +6,10 @@
     reason = "the series are counts and sums of whole milliseconds, rendered exactly"
 )]
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
 use tokio_ratelimit::keyed::{Keyed, KeyedFunnel};
 use tokio_ratelimit::{
     AcquireError, ConfigError, Funnel, LeakyBucket, Rate, SmoothBursty, SmoothWarmingUp,
@@ -23,59 +21,11 @@ fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
-/// A recorder, set as this thread's default until the guard is dropped:
-/// limiters built meanwhile record into it.
-struct Recorded {
-    handle: PrometheusHandle,
-    _guard: metrics::LocalRecorderGuard<'static>,
-}
-
-fn recorded() -> Recorded {
-    let recorder: &'static PrometheusRecorder =
-        Box::leak(Box::new(PrometheusBuilder::new().build_recorder()));
-    Recorded {
-        handle: recorder.handle(),
-        _guard: metrics::set_default_local_recorder(recorder),
-    }
-}
+#[path = "support/recorder.rs"]
+mod recorder;
+use recorder::{Recorded, recorded};
 
 impl Recorded {
-    /// Every series rendered after a [`flush`](tokio_ratelimit::metrics::flush)
-    /// (as a scrape handler does), its labels sorted, to its value.
-    fn series(&self) -> BTreeMap<String, f64> {
-        tokio_ratelimit::metrics::flush();
-        self.unflushed()
-    }
-
-    /// Every series as rendered now, without a flush.
-    fn unflushed(&self) -> BTreeMap<String, f64> {
-        self.handle
-            .render()
-            .lines()
-            .filter(|line| !line.is_empty() && !line.starts_with('#'))
-            .map(|line| {
-                let (series, value) = line.rsplit_once(' ').unwrap();
-                let series = match series.split_once('{') {
-                    Some((name, labels)) => {
-                        let mut labels: Vec<&str> =
-                            labels.trim_end_matches('}').split(',').collect();
-                        labels.sort_unstable();
-                        format!("{name}{{{}}}", labels.join(","))
-                    }
-                    None => series.to_owned(),
-                };
-                (series, value.parse().unwrap())
-            })
-            .collect()
-    }
-
-    fn get(&self, series: &str) -> f64 {
-        let all = self.series();
-        all.get(series)
-            .copied()
-            .unwrap_or_else(|| panic!("no {series} in {all:#?}"))
-    }
-
     /// `limiter`'s granted requests, permits and `limited` refusals as
     /// rendered now, without a flush (0 for a series not there yet).
     fn unflushed_of(&self, limiter: &str) -> (f64, f64, f64) {
@@ -93,28 +43,6 @@ impl Recorded {
             )),
             outcome("limited"),
         )
-    }
-
-    /// `requests_total` of `limiter` by outcome, in the order
-    /// `granted`, `limited`, `overflow`, `timeout`, `too_large`, `unavailable`.
-    fn outcomes(&self, limiter: &str) -> [f64; 6] {
-        [
-            "granted",
-            "limited",
-            "overflow",
-            "timeout",
-            "too_large",
-            "unavailable",
-        ]
-        .map(|outcome| {
-            self.get(&format!(
-                "tokio_ratelimit_requests_total{{limiter=\"{limiter}\",outcome=\"{outcome}\"}}"
-            ))
-        })
-    }
-
-    fn of(&self, name: &str, limiter: &str) -> f64 {
-        self.get(&format!("{name}{{limiter=\"{limiter}\"}}"))
     }
 }
 

@@ -6,7 +6,6 @@
 //! paused time, against what the callers observed.
 #![expect(clippy::float_cmp, reason = "the series are counts, rendered exactly")]
 
-use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -14,7 +13,6 @@ use std::time::Duration;
 
 use axum::body::Body;
 use http::{Request, Response, StatusCode};
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
 use tokio::io::AsyncReadExt;
 use tokio_ratelimit::http::{Header, HttpRateLimitLayer};
 use tokio_ratelimit::io::RateLimitIoExt;
@@ -28,90 +26,26 @@ fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
-/// A recorder, this thread's default until dropped (as in
-/// `tests/metrics.rs`): limiters built meanwhile record into it.
-struct Recorded {
-    handle: PrometheusHandle,
-    _guard: metrics::LocalRecorderGuard<'static>,
-}
+#[path = "support/recorder.rs"]
+mod recorder;
+use recorder::{Recorded, recorded};
 
-fn recorded() -> Recorded {
-    let recorder: &'static PrometheusRecorder =
-        Box::leak(Box::new(PrometheusBuilder::new().build_recorder()));
-    Recorded {
-        handle: recorder.handle(),
-        _guard: metrics::set_default_local_recorder(recorder),
-    }
-}
-
-const OUTCOMES: [&str; 6] = [
-    "granted",
-    "limited",
-    "overflow",
-    "timeout",
-    "too_large",
-    "unavailable",
-];
-
+/// The series of a limiter that a test reads, 0 when never recorded.
 impl Recorded {
-    /// Every series after a flush, labels sorted, to its value.
-    fn series(&self) -> BTreeMap<String, f64> {
-        tokio_ratelimit::metrics::flush();
-        self.handle
-            .render()
-            .lines()
-            .filter(|line| !line.is_empty() && !line.starts_with('#'))
-            .map(|line| {
-                let (series, value) = line.rsplit_once(' ').unwrap();
-                let series = match series.split_once('{') {
-                    Some((name, labels)) => {
-                        let mut labels: Vec<&str> =
-                            labels.trim_end_matches('}').split(',').collect();
-                        labels.sort_unstable();
-                        format!("{name}{{{}}}", labels.join(","))
-                    }
-                    None => series.to_owned(),
-                };
-                (series, value.parse().unwrap())
-            })
-            .collect()
-    }
-
-    /// A series after a flush (0 when not there: never recorded).
-    fn get(&self, series: &str) -> f64 {
-        self.series().get(series).copied().unwrap_or(0.0)
-    }
-
-    /// `requests_total` of `limiter` by outcome, in [`OUTCOMES`]' order.
-    fn outcomes(&self, limiter: &str) -> [f64; 6] {
-        let all = self.series();
-        OUTCOMES.map(|outcome| {
-            all.get(&format!(
-                "tokio_ratelimit_requests_total{{limiter=\"{limiter}\",outcome=\"{outcome}\"}}"
-            ))
-            .copied()
-            .unwrap_or(0.0)
-        })
-    }
-
-    fn of(&self, name: &str, limiter: &str) -> f64 {
-        self.get(&format!("{name}{{limiter=\"{limiter}\"}}"))
-    }
-
     fn permits(&self, limiter: &str) -> f64 {
-        self.of("tokio_ratelimit_permits_granted_total", limiter)
+        self.of_or_zero("tokio_ratelimit_permits_granted_total", limiter)
     }
 
     fn waiting(&self, limiter: &str) -> f64 {
-        self.of("tokio_ratelimit_waiting", limiter)
+        self.of_or_zero("tokio_ratelimit_waiting", limiter)
     }
 
     fn keys(&self, limiter: &str) -> f64 {
-        self.of("tokio_ratelimit_keys", limiter)
+        self.of_or_zero("tokio_ratelimit_keys", limiter)
     }
 
     fn waits(&self, limiter: &str) -> f64 {
-        self.of("tokio_ratelimit_wait_seconds_count", limiter)
+        self.of_or_zero("tokio_ratelimit_wait_seconds_count", limiter)
     }
 }
 
