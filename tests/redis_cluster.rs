@@ -22,7 +22,7 @@ use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
 use redis::aio::MultiplexedConnection;
-use redis_cluster::{NODE_TIMEOUT, RedisCluster};
+use redis_cluster::{NODE_TIMEOUT, RedisCluster, keys_on, slot};
 use tokio::time::{Instant, sleep};
 use tokio_ratelimit::algorithm::FunnelState;
 use tokio_ratelimit::redis::{Decision, FailurePolicy, RedisFunnel, RedisLimitError};
@@ -85,51 +85,6 @@ async fn cmd<T: redis::FromRedisValue>(con: &mut MultiplexedConnection, args: &[
         c.arg(*a);
     }
     c.query_async(con).await.unwrap()
-}
-
-/// `keys` that the master `nodes[master]` serves now, `count` of them,
-/// named `<stem><i>` for increasing `i` (their Redis keys are
-/// `prefix + name`).
-fn keys_on(
-    cluster: &RedisCluster,
-    master: usize,
-    prefix: &str,
-    stem: &str,
-    count: usize,
-) -> Vec<String> {
-    let owners = cluster.owners();
-    (0..)
-        .map(|i| format!("{stem}{i}"))
-        .filter(|k| owners[usize::from(slot(&format!("{prefix}{k}")))] == master)
-        .take(count)
-        .collect()
-}
-
-/// The slot of a key, computed here (CRC16/XMODEM of the key or its hash
-/// tag, mod 16 384), and checked against the server in
-/// `slots_and_hash_tags_are_the_servers`.
-fn slot(key: &str) -> u16 {
-    let key = key.as_bytes();
-    let hashed = key
-        .iter()
-        .position(|&b| b == b'{')
-        .and_then(|open| {
-            let len = key[open + 1..].iter().position(|&b| b == b'}')?;
-            (len > 0).then(|| &key[open + 1..open + 1 + len])
-        })
-        .unwrap_or(key);
-    let mut crc: u16 = 0;
-    for &b in hashed {
-        crc ^= u16::from(b) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 == 0 {
-                crc << 1
-            } else {
-                (crc << 1) ^ 0x1021
-            };
-        }
-    }
-    crc % 16_384
 }
 
 /// A node's socket reads so far (`total_reads_processed`) and its calls of

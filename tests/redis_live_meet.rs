@@ -397,22 +397,6 @@ async fn a_waiter_across_set_quota_asks_under_the_new_quota() {
     );
 }
 
-/// The slot of a Redis key: CRC16/XMODEM mod 16 384 (no hash tags here).
-fn slot(key: &str) -> u16 {
-    let mut crc: u16 = 0;
-    for &b in key.as_bytes() {
-        crc ^= u16::from(b) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 == 0 {
-                crc << 1
-            } else {
-                (crc << 1) ^ 0x1021
-            };
-        }
-    }
-    crc % 16_384
-}
-
 /// On a cluster, a refusal is cached; the master of its key restarts in
 /// place without its data (back before any failover, serving its slots,
 /// empty). A request for another key of that master then fails on the
@@ -437,12 +421,7 @@ async fn on_a_cluster_a_resent_connection_failure_ends_cached_refusals() {
         .await
         .unwrap();
     let master = cluster.masters()[0];
-    let owners = cluster.owners();
-    let keys: Vec<String> = (0..)
-        .map(|i| format!("x{i}"))
-        .filter(|k| owners[usize::from(slot(&format!("{prefix}{k}")))] == master)
-        .take(2)
-        .collect();
+    let keys = redis_cluster::keys_on(&cluster, master, prefix, "x", 2);
     let (refused, other) = (&keys[0], &keys[1]);
     l.try_acquire(refused).await.unwrap();
     assert!(is_limited(&l.try_acquire(refused).await));

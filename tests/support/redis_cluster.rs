@@ -234,3 +234,48 @@ impl RedisCluster {
             .collect()
     }
 }
+
+/// `keys` that the master `nodes[master]` serves now, `count` of them,
+/// named `<stem><i>` for increasing `i` (their Redis keys are
+/// `prefix + name`).
+pub(crate) fn keys_on(
+    cluster: &RedisCluster,
+    master: usize,
+    prefix: &str,
+    stem: &str,
+    count: usize,
+) -> Vec<String> {
+    let owners = cluster.owners();
+    (0..)
+        .map(|i| format!("{stem}{i}"))
+        .filter(|k| owners[usize::from(slot(&format!("{prefix}{k}")))] == master)
+        .take(count)
+        .collect()
+}
+
+/// The slot of a key, computed here (CRC16/XMODEM of the key or its hash
+/// tag, mod 16 384), and checked against the server in
+/// `tests/redis_cluster.rs`, `slots_and_hash_tags_are_the_servers`.
+pub(crate) fn slot(key: &str) -> u16 {
+    let key = key.as_bytes();
+    let hashed = key
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let len = key[open + 1..].iter().position(|&b| b == b'}')?;
+            (len > 0).then(|| &key[open + 1..open + 1 + len])
+        })
+        .unwrap_or(key);
+    let mut crc: u16 = 0;
+    for &b in hashed {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 == 0 {
+                crc << 1
+            } else {
+                (crc << 1) ^ 0x1021
+            };
+        }
+    }
+    crc % 16_384
+}
