@@ -30,8 +30,8 @@ use futures::FutureExt;
 use tokio_ratelimit::keyed::{Keyed, KeyedFunnel, KeyedLimiter, KeyedStats};
 use tokio_ratelimit::tower::{BoxError, KeyedRateLimitLayer, RateLimitLayer, RateLimited};
 use tokio_ratelimit::{
-    AcquireError, Funnel, LeakyBucket, Limiter, Quota, Rate, SmoothBursty, SmoothWarmingUp, Stats,
-    TokenBucket, TryAcquireError,
+    AcquireError, Funnel, LeakyBucket, Limiter, Peek, Quota, Rate, SmoothBursty, SmoothWarmingUp,
+    Stats, TokenBucket, TryAcquireError,
 };
 use tower::{Layer, ServiceExt, service_fn};
 
@@ -147,6 +147,11 @@ struct Tally {
     /// Per slot, from before the first call to the last instant the slot
     /// was seen drained (each run ends by draining every slot).
     lower: Vec<Duration>,
+    /// Per slot, the whole permits its deepest band still held then: a
+    /// quota's short band refuses the drain while the long one may still
+    /// hold what it gathered while every thread was descheduled (the short
+    /// band limits how fast the callers catch up); 0 for one band.
+    left: Vec<u32>,
 }
 
 impl Tally {
@@ -165,7 +170,9 @@ struct Shared {
     last_attempt: AtomicU64,
     /// Over grants, nanoseconds since the attempt before (by any caller).
     lag: AtomicU64,
-    drained: Vec<AtomicU64>,
+    /// Per slot: when the latest drain's refusal was asked for, and what
+    /// the slot's deepest band held right after it.
+    drained: Vec<Mutex<(u64, u32)>>,
     stop: AtomicBool,
 }
 
@@ -178,7 +185,7 @@ impl Shared {
             last_grant: AtomicU64::new(0),
             last_attempt: AtomicU64::new(0),
             lag: AtomicU64::new(0),
-            drained: (0..slots).map(|_| AtomicU64::new(0)).collect(),
+            drained: (0..slots).map(|_| Mutex::new((0, 0))).collect(),
             stop: AtomicBool::new(false),
         }
     }
@@ -200,10 +207,17 @@ impl Shared {
     }
 
     /// Takes single permits from `slot` until refused, and notes when
-    /// that refusal was asked for: the slot was empty then. A limiter that
-    /// does not run dry within [`DRAIN_LIMIT`] fails the test rather than
-    /// hanging it.
-    fn drain(&self, start: Instant, slot: usize, attempt: impl Fn() -> bool) {
+    /// that refusal was asked for (the slot was empty then, in the band that
+    /// refused) and what `left()` says its deepest band held. A limiter
+    /// that does not run dry within [`DRAIN_LIMIT`] fails the test rather
+    /// than hanging it.
+    fn drain(
+        &self,
+        start: Instant,
+        slot: usize,
+        attempt: impl Fn() -> bool,
+        left: impl Fn() -> u32,
+    ) {
         let limit = Instant::now() + DRAIN_LIMIT;
         loop {
             let at = Shared::since(start);
@@ -215,7 +229,11 @@ impl Shared {
                 );
             } else {
                 self.refused.fetch_add(1, Ordering::Relaxed);
-                self.drained[slot].fetch_max(at, Ordering::Relaxed);
+                let left = left();
+                let mut drained = self.drained[slot].lock().unwrap();
+                if at >= drained.0 {
+                    *drained = (at, left);
+                }
                 return;
             }
         }
@@ -223,7 +241,8 @@ impl Shared {
 
     /// The tally of a run that started at `start`, for a limiter built
     /// after `origin`.
-    fn tally(&self, origin: Instant, start: Instant, lower: impl Fn(usize) -> Duration) -> Tally {
+    fn tally(&self, origin: Instant, start: Instant) -> Tally {
+        let drained: Vec<(u64, u32)> = self.drained.iter().map(|d| *d.lock().unwrap()).collect();
         Tally {
             granted: self
                 .granted
@@ -235,7 +254,11 @@ impl Shared {
             upper: Duration::from_nanos(self.last_grant.load(Ordering::Relaxed)),
             built: start - origin,
             lag: Duration::from_nanos(self.lag.load(Ordering::Relaxed)),
-            lower: (0..self.granted.len()).map(lower).collect(),
+            lower: drained
+                .iter()
+                .map(|&(at, _)| Duration::from_nanos(at))
+                .collect(),
+            left: drained.iter().map(|&(_, left)| left).collect(),
         }
     }
 }
@@ -246,6 +269,16 @@ impl Shared {
 /// until refused), so that each slot is known to have been empty at an
 /// instant near the end: its lower bound runs to the last such instant.
 fn hammer(load: Load, attempt: impl Fn(usize, u32) -> bool + Sync) -> Tally {
+    hammer_bands(load, attempt, |_| 0)
+}
+
+/// [`hammer`], `left(slot)` what the slot's deepest band holds (see
+/// [`Tally::left`]).
+fn hammer_bands(
+    load: Load,
+    attempt: impl Fn(usize, u32) -> bool + Sync,
+    left: impl Fn(usize) -> u32 + Sync,
+) -> Tally {
     let shared = Shared::new(load.slots);
     // Every thread is spawned when the first barrier opens; the clock is
     // read, and the second one lets them go: so the start is before the
@@ -258,7 +291,8 @@ fn hammer(load: Load, attempt: impl Fn(usize, u32) -> bool + Sync) -> Tally {
     let start = std::sync::OnceLock::new();
     std::thread::scope(|scope| {
         for caller in 0..load.callers {
-            let (shared, spawned, go, start, attempt) = (&shared, &spawned, &go, &start, &attempt);
+            let (shared, spawned, go, start, attempt, left) =
+                (&shared, &spawned, &go, &start, &attempt, &left);
             scope.spawn(move || {
                 let mut rng = Rng::new(caller as u64 + 1);
                 spawned.wait();
@@ -277,7 +311,7 @@ fn hammer(load: Load, attempt: impl Fn(usize, u32) -> bool + Sync) -> Tally {
                     }
                 }
                 for slot in 0..load.slots {
-                    shared.drain(start, slot, || attempt(slot, 1));
+                    shared.drain(start, slot, || attempt(slot, 1), || left(slot));
                 }
             });
         }
@@ -288,9 +322,7 @@ fn hammer(load: Load, attempt: impl Fn(usize, u32) -> bool + Sync) -> Tally {
         shared.stop.store(true, Ordering::Relaxed);
     });
     let start = start.into_inner().unwrap();
-    shared.tally(load.origin, start, |slot| {
-        Duration::from_nanos(shared.drained[slot].load(Ordering::Relaxed))
-    })
+    shared.tally(load.origin, start)
 }
 
 /// What a task of [`storm`] does next.
@@ -400,11 +432,14 @@ async fn storm(load: Load, ops: &'static [Op], slots: Vec<Arc<dyn Limiter>>) -> 
     // What the tasks left (tokens, stored permits) is taken, so that the
     // lower bound can run to when each limiter was empty.
     for (slot, limiter) in slots.iter().enumerate() {
-        shared.drain(start, slot, || try_once(limiter.as_ref(), 1));
+        shared.drain(
+            start,
+            slot,
+            || try_once(limiter.as_ref(), 1),
+            || deepest_band_left(limiter.peek(1).as_ref()),
+        );
     }
-    shared.tally(load.origin, start, |slot| {
-        Duration::from_nanos(shared.drained[slot].load(Ordering::Relaxed))
-    })
+    shared.tally(load.origin, start)
 }
 
 /// What a run must stay within, per slot.
@@ -489,17 +524,22 @@ fn check(what: &str, tally: &Tally, bound: Bound) {
     let due: u64 = tally
         .lower
         .iter()
-        .map(|&span| bound.floor_burst + per(bound.floor, bound.due_span(span, tally.lag)))
+        .zip(&tally.left)
+        .map(|(&span, &left)| {
+            (bound.floor_burst + per(bound.floor, bound.due_span(span, tally.lag)))
+                .saturating_sub(u64::from(left))
+        })
         .sum();
     #[expect(clippy::cast_precision_loss, reason = "counts far below 2^52")]
     let (granted, due_f) = (tally.granted() as f64, due as f64);
     eprintln!(
         "{what}: granted {:?} (total {}) in {:?}, allowed {allowed} per slot; due {due} (lower \
-         spans {:?}, lag {:?}); {:.3} % of due; refused {}, cancelled {}",
+         spans {:?}, left {:?}, lag {:?}); {:.3} % of due; refused {}, cancelled {}",
         tally.granted,
         tally.granted(),
         tally.upper,
         tally.lower,
+        tally.left,
         tally.lag,
         100.0 * granted / due_f,
         tally.refused,
@@ -539,6 +579,14 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 /// One call of `try_acquire` (`n` = 1) or `try_acquire_many`; granted?
+/// The whole permits a peek shows in the band of the largest capacity
+/// (the one `bucket_bound` counts on); 0 for a limiter that reports no
+/// bands.
+fn deepest_band_left(peek: Option<&Peek>) -> u32 {
+    peek.and_then(|peek| peek.bands().max_by_key(|state| state.band.capacity()))
+        .map_or(0, |state| state.available)
+}
+
 fn try_once(limiter: &dyn Limiter, n: u32) -> bool {
     let result = if n == 1 {
         limiter.try_acquire()
@@ -1194,7 +1242,11 @@ fn two_band_token_bucket_threads() {
     let rt = runtime();
     let load = Load::new(THREADS, 4, 1);
     let limiter = rt.block_on(async { TokenBucket::builder().quota(two_bands()).build().unwrap() });
-    let tally = hammer(load, |_, n| try_once(&limiter, n));
+    let tally = hammer_bands(
+        load,
+        |_, n| try_once(&limiter, n),
+        |_| deepest_band_left(Some(&limiter.peek(1))),
+    );
     for bound in two_band_bounds() {
         check(what, &tally, bound);
     }
@@ -1223,9 +1275,11 @@ fn banded_keyed_funnel_threads(what: &str, quota: Quota) {
     let rt = runtime();
     let load = Load::new(THREADS, 4, 1);
     let map = rt.block_on(async { KeyedFunnel::<u64>::builder().quota(quota).build().unwrap() });
-    let tally = hammer(load, |slot, n| {
-        map.try_key(slot as u64, n).map_err(refusal_try).is_ok()
-    });
+    let tally = hammer_bands(
+        load,
+        |slot, n| map.try_key(slot as u64, n).map_err(refusal_try).is_ok(),
+        |slot| deepest_band_left(Some(&map.peek(&(slot as u64), 1))),
+    );
     for bound in two_band_bounds() {
         check(what, &tally, bound);
     }
