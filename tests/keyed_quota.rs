@@ -357,3 +357,40 @@ async fn a_waiter_tries_under_the_quota_set_while_it_waits() {
         Err(tokio_ratelimit::AcquireError::InsufficientCapacity)
     );
 }
+
+/// The tier-change rule keeps the time until each band is empty, not its
+/// count: a band of the same window keeps the fraction in use, one of a
+/// shorter window is as full or fuller, and one of a longer window holds
+/// that time's water, a smaller fraction of it. A key drained under 10/s
+/// with a burst of 10 (1 s of water) holds 1 s of water under 1/s with a
+/// burst of 10 (one permit's worth): 9 permits at once. Under 20/s with a
+/// burst of 20 (the same window) it holds the whole window: none.
+#[tokio::test(start_paused = true)]
+async fn a_tier_change_keeps_the_time_of_water_not_the_count() {
+    let a = Quota::new(Rate::per_second(10), 10);
+    let longer = Quota::new(Rate::per_second(1), 10);
+    let same = Quota::new(Rate::per_second(20), 20);
+    let map: KeyedFunnel<u64> = KeyedFunnel::builder()
+        .quota(a)
+        .tier(longer)
+        .tier(same)
+        .build()
+        .unwrap();
+    for key in [1, 2] {
+        map.try_acquire_many(&key, 10).unwrap();
+    }
+    let taken = |quota: &Quota, key: u64| {
+        (0..20)
+            .take_while(|_| map.try_acquire_with(&key, quota, 1).is_ok())
+            .count()
+    };
+    assert_eq!(taken(&longer, 1), 9);
+    assert_eq!(taken(&same, 2), 0);
+    // The map's own quota switched to the longer window: the same rule.
+    map.try_acquire_many(&3, 10).unwrap();
+    map.set_quota(longer).unwrap();
+    assert_eq!(
+        (0..20).take_while(|_| map.try_acquire(&3).is_ok()).count(),
+        9
+    );
+}

@@ -772,11 +772,15 @@ impl RedisFunnel {
     /// [`try_acquire_with`](Self::try_acquire_with) ("Tier changes"): each
     /// band's instant (when it is full again) carries over to the new
     /// quota's band of the same index, so the time until each band is full
-    /// is kept — for bands of the same window, the fraction in use. So no
-    /// key gets a fresh burst from the change: across it, a band admits at
-    /// most what it had left under the old quota before the change, and
-    /// what the new quota allows after it (its capacity at most, and its
-    /// rate).
+    /// is kept, not its count — for bands of the same window (capacity ÷
+    /// rate), the fraction in use. So a change to bands of the same or
+    /// shorter windows gives no key a fresh burst; a band of a longer
+    /// window holds that time of water, a smaller fraction (a key drained
+    /// under 10/s with a burst of 10 holds one permit's water under 1/s with
+    /// a burst of 10, and may take 9 at once). Across the change a band
+    /// admits at most what it had left under the old quota before the
+    /// change, and what the new quota allows after it (its capacity at
+    /// most, and its rate).
     ///
     /// Other processes sharing the prefix keep their own quota until they
     /// are told: a fleet changes its quota by calling this in each process.

@@ -118,8 +118,12 @@ where
     /// the new quota. The time until each band is empty is kept, so for
     /// tiers whose bands have the same window (capacity ÷ rate, such as 20/s
     /// burst 20 and 200/s burst 200) a key keeps the *fraction* of each
-    /// band it had used (Bucket4j's `PROPORTIONALLY`); a band of a longer
-    /// window starts that much water fuller. Bands beyond the new quota's
+    /// band it had used (Bucket4j's `PROPORTIONALLY`); a band of a shorter
+    /// window is that much fuller (over-full if the time left exceeds its
+    /// window: it grants again once enough has drained), and one of a
+    /// longer window emptier: the same time of water, a smaller fraction
+    /// (a key drained under 10/s burst 10 holds one permit's water under
+    /// 1/s burst 10, and may take 9 at once). Bands beyond the new quota's
     /// count are left as they are (and drain); bands beyond the old one's
     /// start empty. The same rule applies when the map's own quota is
     /// switched to a tier with [`KeyedFunnel::set_quota`].

@@ -914,9 +914,15 @@ where
     /// **Keys mid-window** follow the tier-change rule (see
     /// [`KeyedFunnelBuilder::tier`]): each band's instant (when it is
     /// empty again) carries over to the new quota's band of the same index,
-    /// so the change gives no key a fresh burst; across it a band admits
-    /// at most what it had left under the old quota, and then what the new
-    /// one allows (its capacity at most, and its rate).
+    /// so the time until each band is empty is kept, not its count: a band
+    /// of the same window (capacity ÷ rate) keeps the fraction in use and
+    /// one of a shorter window is as full or fuller, so the change gives
+    /// their keys no fresh burst; a band of a longer window holds that time
+    /// of water, a smaller fraction (a key drained under 10/s with a burst
+    /// of 10 holds one permit's water under 1/s with a burst of 10, and may
+    /// take 9 at once). Across the change a band admits at most what it had
+    /// left under the old quota, and then what the new one allows (its
+    /// capacity at most, and its rate).
     ///
     /// # Errors
     ///
