@@ -248,11 +248,14 @@ impl RedisFunnel {
             return local;
         }
         let sent = clock::now();
-        if let Some(refused) = self.cached(key, quota, n, sent).await {
+        // One deadline for the call: a reconnect for the refusal cache, then
+        // the decision.
+        let deadline = self.deadline_from(sent);
+        if let Some(refused) = self.cached(key, quota, n, sent, deadline).await {
             return refused;
         }
         let epoch = self.inner.conn.epoch();
-        match self.eval(key, quota, n).await {
+        match self.eval(key, quota, n, deadline).await {
             Ok(answer) => {
                 let answer = self.answered(answer, quota);
                 self.remember(key, quota, n, (sent, epoch), &answer);
@@ -282,6 +285,7 @@ impl RedisFunnel {
         quota: &Encoded,
         n: u32,
         now: tokio::time::Instant,
+        deadline: tokio::time::Instant,
     ) -> Option<Result<(), RedisLimitError>> {
         let cache = self.inner.refusals.as_ref()?;
         let epoch = self.inner.conn.epoch();
@@ -290,7 +294,7 @@ impl RedisFunnel {
             && !node.open()
         {
             let timeout = self.inner.timeout;
-            let unreachable = match clock::timeout(timeout, node.reconnect()).await {
+            let unreachable = match clock::timeout_at(deadline, node.reconnect()).await {
                 Ok(Ok(())) if self.inner.conn.epoch() != epoch => return None,
                 Ok(Ok(())) => None,
                 Ok(Err(e)) => Some(RedisLimitError::Backend(e)),
@@ -434,15 +438,18 @@ impl RedisFunnel {
         &self,
         requests: &[(&str, u32)],
     ) -> Vec<Result<(), RedisLimitError>> {
-        // Read once: the batch is sent and answered under one quota.
+        // Read once: the batch is sent and answered under one quota, within
+        // one deadline (the refusal cache's reconnect, at most one however
+        // many cached keys, and the decisions).
         let quota = &self.own();
         let sent = clock::now();
+        let deadline = self.deadline_from(sent);
         let mut answers: Vec<Option<Result<(), RedisLimitError>>> =
             Vec::with_capacity(requests.len());
         for &(key, n) in requests {
             answers.push(match local(quota, n) {
                 Some(answer) => Some(answer),
-                None => self.cached(key, quota, n, sent).await,
+                None => self.cached(key, quota, n, sent, deadline).await,
             });
         }
         let epoch = self.inner.conn.epoch();
@@ -453,7 +460,7 @@ impl RedisFunnel {
             .map(|(&r, _)| r)
             .collect();
         if !asked.is_empty() {
-            let mut decided = self.eval_many(&asked, quota).await.into_iter();
+            let mut decided = self.eval_many(&asked, quota, deadline).await.into_iter();
             let back = clock::now();
             // In the requests' order, so that the cache learns each key's
             // answers in the order Redis gave them.
@@ -542,8 +549,9 @@ impl RedisFunnel {
         if n > quota.capacity() {
             return Err(RedisLimitError::InsufficientCapacity);
         }
-        let sent = (clock::now(), self.inner.conn.epoch());
-        match self.eval(key, quota, n).await {
+        let now = clock::now();
+        let sent = (now, self.inner.conn.epoch());
+        match self.eval(key, quota, n, self.deadline_from(now)).await {
             Ok(answer) => {
                 // Counted (and logged) like any decision, and taught to
                 // the refusal cache; a refusal is a value here, not an
@@ -707,13 +715,17 @@ impl RedisFunnel {
             ))
         };
         let now = clock::now();
-        if let Some(Err(RedisLimitError::Limited { retry_after })) =
-            self.cached(key, quota, n, now).await
-        {
-            return refused(retry_after);
+        let deadline = self.deadline_from(now);
+        match self.cached(key, quota, n, now, deadline).await {
+            Some(Err(RedisLimitError::Limited { retry_after })) => return refused(retry_after),
+            // The failure policy's answer (a cached refusal that ran out
+            // while Redis could not be reached), counted already.
+            Some(Ok(())) => return Ok(Peek::new(Ok(()), &[])),
+            Some(Err(e)) => return Err(e),
+            None => {}
         }
         let sent = (now, self.inner.conn.epoch());
-        let answer = match self.eval(key, quota, n).await {
+        let answer = match self.eval(key, quota, n, deadline).await {
             Ok(answer) => answer,
             Err(e) => {
                 self.failed(e, 1)?;

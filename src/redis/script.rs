@@ -366,16 +366,25 @@ pub(super) fn missing_reply() -> RedisLimitError {
 }
 
 impl RedisFunnel {
-    /// One script call, within the deadline (a resend included, see
+    /// The decision's deadline for a call that starts at `now`: the
+    /// limiter's timeout later. (A timeout too far to add, `Duration::MAX`,
+    /// is thirty years away, as tokio's own timeouts make it.)
+    pub(super) fn deadline_from(&self, now: tokio::time::Instant) -> tokio::time::Instant {
+        now.checked_add(self.inner.timeout)
+            .unwrap_or_else(|| now + Duration::from_secs(30 * 365 * 86_400))
+    }
+
+    /// One script call, within `deadline` (a resend included, see
     /// [`resend_after_connection_error`](Self::resend_after_connection_error)).
     pub(super) async fn eval(
         &self,
         key: &str,
         quota: &Encoded,
         n: u32,
+        deadline: tokio::time::Instant,
     ) -> Result<Answer, RedisLimitError> {
         let started = self.inner.counters.started();
-        let answer = self.eval_untimed(key, quota, n).await;
+        let answer = self.eval_untimed(key, quota, n, deadline).await;
         self.inner.counters.round_trip(started);
         answer
     }
@@ -385,6 +394,7 @@ impl RedisFunnel {
         key: &str,
         quota: &Encoded,
         n: u32,
+        deadline: tokio::time::Instant,
     ) -> Result<Answer, RedisLimitError> {
         let id = self.inner.ids.next();
         let redis_key = self.redis_key(key);
@@ -396,8 +406,8 @@ impl RedisFunnel {
             let text = texts(&conn).0;
             async move { Box::pin(invoke::<Reply>(&mut conn, text, &call)).await }
         };
-        match clock::timeout(
-            self.inner.timeout,
+        match clock::timeout_at(
+            deadline,
             self.resend_after_connection_error(redis_key.as_bytes(), attempt),
         )
         .await
@@ -580,9 +590,10 @@ impl RedisFunnel {
         &self,
         asked: &[(&str, u32)],
         quota: &Encoded,
+        deadline: tokio::time::Instant,
     ) -> Vec<Result<Reply, RedisLimitError>> {
         let started = self.inner.counters.started();
-        let replies = self.eval_many_untimed(asked, quota).await;
+        let replies = self.eval_many_untimed(asked, quota, deadline).await;
         self.inner.counters.round_trip(started);
         replies
     }
@@ -591,13 +602,8 @@ impl RedisFunnel {
         &self,
         asked: &[(&str, u32)],
         quota: &Encoded,
+        deadline: tokio::time::Instant,
     ) -> Vec<Result<Reply, RedisLimitError>> {
-        let now = clock::now();
-        // A deadline too far to add (`Duration::MAX`) is thirty years away,
-        // as tokio's own timeouts make it.
-        let deadline = now
-            .checked_add(self.inner.timeout)
-            .unwrap_or_else(|| now + Duration::from_secs(30 * 365 * 86_400));
         let ids: Vec<RequestId> = asked.iter().map(|_| self.inner.ids.next()).collect();
         let Conn::Cluster { conn, slots, .. } = &self.inner.conn else {
             return self.eval_on_one_node(asked, quota, &ids, deadline).await;

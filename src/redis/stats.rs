@@ -34,11 +34,16 @@ pub struct RedisStats {
     /// connection (closed while idle, reset, or lost with the request in
     /// flight), at most two per decision: counted once in `decisions`,
     /// whatever the resend answered. A batch's pipeline to one node counts
-    /// once per resend.
+    /// once per resend. On a cluster, a batch's pipeline whose every reply
+    /// is a redirect (a slot moved since the topology was read; the node
+    /// may have run some of them before) sends each of its requests again
+    /// alone: each counts once. (A single call's redirect is followed
+    /// without a resend, and counts nothing.)
     pub retries: u64,
     /// Of the retries, the decisions Redis had granted already on their
-    /// first attempt, whose reply was lost: answered from that grant,
-    /// without pouring again (each key of a batch counts once).
+    /// first attempt, whose reply was lost (or came back redirected):
+    /// answered from that grant, without pouring again (each key of a
+    /// batch counts once).
     pub resends_granted_before: u64,
     /// Requests refused by the refusal cache, without asking Redis (see
     /// [`RedisFunnelBuilder::refusal_cache`](super::RedisFunnelBuilder::refusal_cache)).
