@@ -294,7 +294,10 @@ impl RedisFunnel {
             && !node.open()
         {
             let timeout = self.inner.timeout;
-            let unreachable = match clock::timeout_at(deadline, node.reconnect()).await {
+            // Boxed: a connection's handshake is a large future, and
+            // this is the rare path of every call's.
+            let reconnect = Box::pin(node.reconnect());
+            let unreachable = match clock::timeout_at(deadline, reconnect).await {
                 Ok(Ok(())) if self.inner.conn.epoch() != epoch => return None,
                 Ok(Ok(())) => None,
                 Ok(Err(e)) => Some(RedisLimitError::Backend(e)),
