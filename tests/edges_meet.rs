@@ -1768,3 +1768,94 @@ async fn smooth_acquire_timeout_agrees_with_try_reserve_at_the_extremes() {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Quotas of bands in different units and of very different depths
+    /// (1/ns, 7 per ms, 3/s, 7 per day, 1 per year), under random
+    /// `try_acquire`s, waiters and waiters that give up (dropped on a
+    /// timeout): in every band, any window of length T holds at most
+    /// capacity + rate × (T + 1 tick) permits, and the waiters that stayed
+    /// are granted in arrival order.
+    #[test]
+    fn extreme_bands_never_over_admit_under_withdrawals(
+        kind in 0..3u8,
+        first in 0..5usize,
+        second in 0..5usize,
+        arrivals in proptest::collection::vec((0u64..400, 1u32..=8, 0u8..4, 1u64..3_000), 1..40),
+    ) {
+        let bands = [
+            (Rate::every(NS), 1_000),
+            (Rate::per(7, Duration::from_millis(1)), 7),
+            (Rate::per_second(3), 4),
+            (Rate::per(7, DAY), 5),
+            (Rate::every(YEAR), 6),
+        ];
+        let quota = Quota::new(bands[first].0, bands[first].1).and(bands[second].0, bands[second].1);
+        let (grants, waiters) = run(async move {
+            let limiter: Arc<dyn Limiter> = match kind {
+                0 => Arc::new(TokenBucket::builder().quota(quota).build().unwrap()),
+                1 => Arc::new(LeakyBucket::builder().quota(quota).build().unwrap()),
+                _ => Arc::new(Funnel::builder().quota(quota).build().unwrap()),
+            };
+            let start = Instant::now();
+            let grants = Arc::new(std::sync::Mutex::new(Vec::<(Duration, u32)>::new()));
+            let waiters = Arc::new(std::sync::Mutex::new(Vec::<usize>::new()));
+            let mut tasks = vec![];
+            for (i, (gap, n, ask, give_up)) in arrivals.into_iter().enumerate() {
+                // Sleep (not `advance`): the timers due on the way fire on
+                // time, so the grants are recorded when they happen.
+                time::sleep(Duration::from_millis(gap)).await;
+                let n = n.min(quota.capacity());
+                if ask == 0 {
+                    if limiter.try_acquire_many(n).is_ok() {
+                        grants.lock().unwrap().push((start.elapsed(), n));
+                    }
+                    continue;
+                }
+                let (limiter, grants, waiters) = (limiter.clone(), grants.clone(), waiters.clone());
+                tasks.push(tokio::spawn(async move {
+                    let acquired = if ask == 1 {
+                        time::timeout(Duration::from_millis(give_up), limiter.acquire_many(n))
+                            .await
+                            .unwrap_or(Err(AcquireError::Timeout))
+                    } else {
+                        limiter.acquire_many(n).await
+                    };
+                    if acquired.is_ok() {
+                        grants.lock().unwrap().push((start.elapsed(), n));
+                        if ask != 1 {
+                            waiters.lock().unwrap().push(i);
+                        }
+                    }
+                }));
+                // Let it reserve its turn now, in arrival order.
+                tokio::task::yield_now().await;
+            }
+            for task in tasks {
+                task.await.unwrap();
+            }
+            let grants = grants.lock().unwrap().clone();
+            let waiters = waiters.lock().unwrap().clone();
+            (grants, waiters)
+        });
+        let mut sorted = grants.clone();
+        sorted.sort();
+        for band in quota.bands() {
+            let (period, permits) = (band.rate().period().as_nanos(), u128::from(band.rate().permits()));
+            for (i, &(from, _)) in sorted.iter().enumerate() {
+                let mut sum = 0u128;
+                for &(to, n) in &sorted[i..] {
+                    sum += u128::from(n);
+                    let span = (to.saturating_sub(from) + Duration::from_millis(1)).as_nanos();
+                    let allowed = u128::from(band.capacity()) + span * permits / period;
+                    prop_assert!(sum <= allowed, "{} in [{:?}, {:?}] for {:?}", sum, from, to, band);
+                }
+            }
+        }
+        let mut in_order = waiters.clone();
+        in_order.sort_unstable();
+        prop_assert_eq!(waiters, in_order, "waiters granted out of order");
+    }
+}
