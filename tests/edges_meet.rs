@@ -1059,8 +1059,8 @@ impl Tiered {
     }
 }
 
-/// Sets of tiers: keys of one 128-bit word (small units), and of the
-/// locked word (a unit finer than 2²⁰ per ns, a third band).
+/// Sets of tiers: keys of one 128-bit word (small units), of the locked
+/// word (a unit finer than 2²⁰ per ns, a third band), and of one band.
 fn tier_sets() -> Vec<Vec<Quota>> {
     vec![
         vec![
@@ -1075,6 +1075,17 @@ fn tier_sets() -> Vec<Vec<Quota>> {
                 .and(Rate::per(4_294_967_291, Duration::from_secs(5)), 10),
             Quota::new(Rate::per_second(7), 7),
         ],
+        // One band each: the narrow 64-bit word, and the 128-bit one (a
+        // common unit of 1/2 999 949 ns).
+        vec![
+            Quota::new(Rate::per(7, Duration::from_millis(1)), 7),
+            Quota::new(Rate::per_second(3), 5),
+            Quota::new(Rate::per_day(1000), 1000),
+        ],
+        vec![
+            Quota::new(Rate::per_second(999_983), 1000),
+            Quota::new(Rate::per_second(3), 5),
+        ],
     ]
 }
 
@@ -1086,7 +1097,7 @@ proptest! {
     /// idle: every answer is the documented tier rule's.
     #[test]
     fn a_key_under_tiers_across_epochs_keeps_its_instants(
-        set in 0..2usize,
+        set in 0..4usize,
         steps in proptest::collection::vec((any::<u8>(), any::<u64>(), any::<u8>(), 0..3usize), 1..60),
     ) {
         run(async move {
@@ -1115,6 +1126,7 @@ proptest! {
                     break;
                 }
                 time::advance(gap).await;
+                let tier = tier % quotas.len();
                 let quota = quotas[tier];
                 let capacity = quota.capacity();
                 let n = u32::try_from(u64::from(capacity) * u64::from(frac) / 255).unwrap().max(1);
@@ -1135,6 +1147,77 @@ proptest! {
 
 #[derive(Debug, Clone, Copy)]
 struct Band2(Rate, u32);
+
+/// "`Duration::MAX` never times out" (`TokenBucket`, `Funnel`,
+/// `LeakyBucket::acquire_timeout`; the `Limiter` trait: "`Duration::MAX`
+/// waits as long as it takes"). At the slowest rate (one permit per
+/// `u64::MAX` ns) and the largest capacity, a request's turn can be
+/// further away than `Duration::MAX` itself (2⁹⁶ ns against 2⁶⁴ s): such a
+/// request with a `Duration::MAX` timeout must wait (as `acquire_many`
+/// does), not fail at once with `Timeout`. The same for a quota.
+#[ignore = "finding 2: acquire_timeout(n, Duration::MAX) times out at once when the turn is further than Duration::MAX"]
+#[tokio::test(start_paused = true)]
+async fn a_duration_max_timeout_never_times_out_even_beyond_duration_max() {
+    let slowest = Rate::every(Duration::from_nanos(u64::MAX));
+    let one = Quota::new(slowest, u32::MAX);
+    let two = one.and(Rate::per_second(1), u32::MAX);
+    let mut answers = Vec::new();
+    for quota in [one, two] {
+        let limiters: Vec<(&str, Arc<dyn Limiter>)> = vec![
+            (
+                "token",
+                Arc::new(TokenBucket::builder().quota(quota).build().unwrap()),
+            ),
+            (
+                "leaky",
+                Arc::new(LeakyBucket::builder().quota(quota).build().unwrap()),
+            ),
+            (
+                "funnel",
+                Arc::new(Funnel::builder().quota(quota).build().unwrap()),
+            ),
+        ];
+        for (name, limiter) in limiters {
+            if name == "leaky" && quota.bands().len() > 1 {
+                // A shaper's request that waits longer than another band
+                // takes to drain overflows (documented).
+                continue;
+            }
+            // Water ahead of the request: all of it (a shaper's request
+            // must fit, so it leaves one unit for the request).
+            let (ahead, n) = if name == "leaky" {
+                (u32::MAX - 1, 1)
+            } else {
+                (u32::MAX, u32::MAX)
+            };
+            limiter.try_acquire_many(ahead).unwrap();
+            let l = Arc::clone(&limiter);
+            let no_timeout = tokio::spawn(async move { l.acquire_many(n).await });
+            settle().await;
+            assert!(
+                !no_timeout.is_finished(),
+                "{name} {quota:?}: acquire_many waits"
+            );
+            no_timeout.abort();
+            settle().await;
+            let l = Arc::clone(&limiter);
+            let max_timeout =
+                tokio::spawn(async move { l.acquire_timeout(n, Duration::MAX).await });
+            settle().await;
+            if max_timeout.is_finished() {
+                answers.push(format!(
+                    "{name} {quota:?}: {:?}",
+                    max_timeout.await.unwrap()
+                ));
+            }
+        }
+    }
+    assert!(
+        answers.is_empty(),
+        "acquire_timeout(n, Duration::MAX) did not wait:\n{}",
+        answers.join("\n")
+    );
+}
 
 /// `acquire_timeout` at rates whose interval is not a whole nanosecond,
 /// and for a quota whose bands count in different units: a timeout one ns
