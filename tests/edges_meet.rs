@@ -1219,6 +1219,40 @@ async fn a_duration_max_timeout_never_times_out_even_beyond_duration_max() {
     );
 }
 
+/// A map's sweeper at the longest `sweep_interval` (`Duration::MAX`, which
+/// the builders accept: only zero is refused) keeps serving the map: when
+/// the map stops being empty it sweeps, and drops a fresh key. "Bad input
+/// gets a clear error, never a panic."
+#[ignore = "finding 3: sweep_interval(Duration::MAX) panics the background sweeper (now + interval overflows) and it never sweeps again"]
+#[tokio::test(start_paused = true)]
+async fn a_sweeper_with_the_longest_interval_keeps_sweeping() {
+    let map: Keyed<u64, TokenBucket> = Keyed::builder()
+        .limiter(|| {
+            TokenBucket::builder()
+                .rate(Rate::per_second(1))
+                .capacity(1)
+                .build()
+        })
+        .sweep_interval(Duration::MAX)
+        .build()
+        .unwrap();
+    // The first key wakes the sweeper: it sweeps (the key is in use), and
+    // then waits for the interval, or to be woken.
+    assert_eq!(map.try_acquire(&1), Ok(()));
+    settle().await;
+    time::advance(Duration::from_secs(2)).await;
+    settle().await;
+    // Drained, and dropped by hand: the map is empty again.
+    assert_eq!(map.sweep(), 0);
+    assert_eq!(map.len(), 0);
+    // A fresh key (built and let go) makes it non-empty: the sweeper is
+    // woken and drops it.
+    drop(map.get(&2));
+    assert_eq!(map.len(), 1);
+    settle().await;
+    assert_eq!(map.len(), 0, "the sweeper did not sweep");
+}
+
 /// `acquire_timeout` at rates whose interval is not a whole nanosecond,
 /// and for a quota whose bands count in different units: a timeout one ns
 /// short of the exact wait (rounded up to a nanosecond, as `retry_after`
