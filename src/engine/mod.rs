@@ -494,6 +494,10 @@ impl<S: Schedule> Engine<S> {
         max_wait: Option<Duration>,
         waits: Waits,
     ) -> Result<(), AcquireError> {
+        // `Duration::MAX` never times out, however far the turn (a wait
+        // can exceed it: 2⁹⁶ ns at the slowest rate and the largest
+        // capacity).
+        let max_wait = max_wait.filter(|&wait| wait != Duration::MAX);
         match self.enqueue(n, max_wait, Grant::Spend, waits)? {
             Queued::Ready(_) => Ok(()),
             Queued::Waiting(id) => {

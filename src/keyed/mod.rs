@@ -354,7 +354,9 @@ pub(crate) fn spawn_sweeper(
                 if left == 0 {
                     wake.notified().await;
                 } else {
-                    let sleep = std::pin::pin!(clock::sleep_until(clock::now() + interval));
+                    // (`sleep`, not `now + interval`: an interval past
+                    // the clock's range sleeps as long as tokio can.)
+                    let sleep = std::pin::pin!(clock::sleep(interval));
                     let woken = std::pin::pin!(wake.notified());
                     futures::future::select(sleep, woken).await;
                 }
