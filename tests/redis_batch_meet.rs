@@ -1112,7 +1112,6 @@ async fn proxy_a_master(
 /// the policy (which, failing open, grants a request Redis refused: one
 /// permit over the limit).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "finding 6: on a cluster a resend about a slot the limiter has had no reply from carries since = 0, so a key with an evicted id fails it by the policy: failing open, a full key is granted one permit over its limit"]
 async fn on_a_cluster_a_resent_refusal_of_a_key_another_process_filled_is_refused() {
     let Some(cluster) = redis_cluster::RedisCluster::start("batch_meet_hot_cluster") else {
         return;

@@ -31,7 +31,10 @@
 //! bound taken from the server itself (see [`ServerClock`]): the server
 //! time of the latest reply this limiter had from that server before the
 //! first attempt was sent, plus the local time since, less 0.1 % (a clock
-//! may run that much slower than the other). So only a key granted 16
+//! may run that much slower than the other); with no reply yet from that
+//! server (on a cluster, a slot not heard from), one look at its clock
+//! before the resend, taken back by the time since the first attempt was
+//! sent, and 0.1 % more (see `since_by_look`). So only a key granted 16
 //! times between its first attempt and the resend — in about one round
 //! trip — is ever refused a resend. (What remains: a resend delayed in the
 //! network by more than a whole deadline may find its id dropped with the
@@ -511,7 +514,8 @@ impl RedisFunnel {
         F: FnMut(Option<u64>) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
-        let since = self.inner.server_clock.since(key, clock::now());
+        let sent = clock::now();
+        let mut since = self.inner.server_clock.since(key, sent);
         let mut result = attempt(None).await;
         for _ in 0..RESENDS {
             match &result {
@@ -529,12 +533,46 @@ impl RedisFunnel {
                         error = %e,
                         "redis rate limiter: the connection failed, sending the decision again",
                     );
+                    if since == 0 {
+                        since = self.since_by_look(key, sent).await;
+                    }
                     result = attempt(Some(since)).await;
                 }
                 _ => break,
             }
         }
         result
+    }
+
+    /// A lower bound of the server time (µs) at which a request about
+    /// `key` (a Redis key) sent at `sent` ran, when no reply from its
+    /// server was seen before it (on a cluster, a slot this limiter has
+    /// not heard from yet): one look at the server's clock, taken back by
+    /// the time since `sent` (and the 0.1 % the clocks may differ in
+    /// rate, as [`ServerClock`] allows). The server read `now_us` before
+    /// its reply arrived, so at `sent` it read at least `now_us` less that
+    /// much, and the request ran no earlier. 0 if the look fails (every
+    /// eviction then counts against the resend, as before).
+    async fn since_by_look(&self, key: &[u8], sent: tokio::time::Instant) -> u64 {
+        let mut conn = self.inner.conn.clone();
+        let mut call = self.inner.peek_script.prepare_invoke();
+        call.key(key);
+        let text = texts(&conn).1;
+        let Ok(Ok((now_us, _))) = clock::timeout(
+            self.inner.timeout,
+            Box::pin(invoke::<Look>(&mut conn, text, &call)),
+        )
+        .await
+        else {
+            return 0;
+        };
+        let back = clock::now();
+        let Ok(now_us) = u64::try_from(now_us) else {
+            return 0;
+        };
+        self.inner.server_clock.saw(key, now_us, back);
+        let d = u64::try_from(back.saturating_duration_since(sent).as_micros()).unwrap_or(u64::MAX);
+        now_us.saturating_sub(d.saturating_add(d / 1000 + 1))
     }
 
     /// The script call that pours `n` units into every band of `key`'s
@@ -639,8 +677,14 @@ impl RedisFunnel {
                 self.inner.conn.may_have_moved();
                 let again = group.iter().map(|&i| {
                     let (key, n) = asked[i];
-                    let since = self.inner.server_clock.since(keys[i].as_bytes(), started);
-                    self.resend_alone(key, quota, n, ids[i], since, deadline)
+                    let (redis_key, id) = (keys[i].as_bytes(), ids[i]);
+                    async move {
+                        let mut since = self.inner.server_clock.since(redis_key, started);
+                        if since == 0 {
+                            since = self.since_by_look(redis_key, started).await;
+                        }
+                        self.resend_alone(key, quota, n, id, since, deadline).await
+                    }
                 });
                 answers = futures::future::join_all(again).await;
             }
