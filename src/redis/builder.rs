@@ -294,7 +294,7 @@ impl RedisFunnelBuilder {
                         cluster::client(nodes.clone()?, self.connect_timeout, response_timeout)?;
                     let mut conn = client.get_async_connection().await?;
                     let slots = Slots::default();
-                    slots.table(&mut conn).await?;
+                    slots.fetch(&mut conn).await?;
                     Conn::Cluster {
                         conn,
                         slots,

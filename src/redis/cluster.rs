@@ -33,7 +33,8 @@
 //! the rule of the Redis Cluster specification. The client routes every
 //! call by it; this crate only needs it to group a batch by node, with its
 //! own copy of the topology (`CLUSTER SLOTS`), fetched at build and again
-//! after any batch to a node failed.
+//! after any batch to a node failed (the old copy serving while a new one
+//! cannot be had: see [`Slots::table`]).
 
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
@@ -160,36 +161,68 @@ impl Table {
 }
 
 /// This crate's copy of the cluster's topology, shared by a limiter's
-/// clones: `None` until fetched, and again once a batch to a node failed
-/// (the topology may have changed).
+/// clones: `None` until fetched; marked stale once a batch to a node
+/// failed (the topology may have changed), and fetched again then.
 #[derive(Clone, Default)]
-pub(super) struct Slots(Arc<RwLock<Option<Arc<Table>>>>);
+pub(super) struct Slots(Arc<RwLock<Known>>);
+
+#[derive(Default)]
+struct Known {
+    table: Option<Arc<Table>>,
+    stale: bool,
+}
 
 impl Slots {
-    /// The table, fetched first (`CLUSTER SLOTS`, from any node) if there
-    /// is none.
-    pub(super) async fn table(&self, conn: &mut ClusterConnection) -> RedisResult<Arc<Table>> {
-        if let Some(t) = self
-            .0
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-        {
-            return Ok(t);
+    /// The table: the one held unless it is stale; else fetched
+    /// (`CLUSTER SLOTS`, from a random node). A stale table is fetched
+    /// again within a quarter of the time left before `deadline`, and
+    /// used as it is if that fails: the node asked may be the one that
+    /// went silent, and a batch must not lose its live masters' decisions
+    /// to it (a stale table groups some keys by their old master, whose
+    /// redirects each request then follows alone). With no table yet, the
+    /// fetch has the whole deadline (the caller's).
+    pub(super) async fn table(
+        &self,
+        conn: &mut ClusterConnection,
+        deadline: tokio::time::Instant,
+    ) -> RedisResult<Arc<Table>> {
+        let (held, stale) = {
+            let known = self.0.read().unwrap_or_else(PoisonError::into_inner);
+            (known.table.clone(), known.stale)
+        };
+        match held {
+            Some(table) if !stale => Ok(table),
+            Some(table) => {
+                let left = deadline.saturating_duration_since(crate::clock::now());
+                match crate::clock::timeout(left / 4, self.fetch(conn)).await {
+                    Ok(Ok(fresh)) => Ok(fresh),
+                    _ => Ok(table),
+                }
+            }
+            None => self.fetch(conn).await,
         }
+    }
+
+    /// Fetches the table (`CLUSTER SLOTS`, from a random node) and holds
+    /// it, fresh.
+    pub(super) async fn fetch(&self, conn: &mut ClusterConnection) -> RedisResult<Arc<Table>> {
         let mut cmd = ::redis::cmd("CLUSTER");
         cmd.arg("SLOTS");
         let reply = conn
             .route_command(cmd, RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random))
             .await?;
         let table = Arc::new(Table::parse(&reply)?);
-        *self.0.write().unwrap_or_else(PoisonError::into_inner) = Some(table.clone());
+        *self.0.write().unwrap_or_else(PoisonError::into_inner) = Known {
+            table: Some(table.clone()),
+            stale: false,
+        };
         Ok(table)
     }
 
-    /// Drops the table: the next batch fetches it again.
+    /// Marks the table stale: the next batch fetches it again (and uses
+    /// this one if it cannot).
     pub(super) fn forget(&self) {
-        *self.0.write().unwrap_or_else(PoisonError::into_inner) = None;
+        self.0.write().unwrap_or_else(PoisonError::into_inner).stale = true;
     }
 }
 

@@ -647,7 +647,7 @@ impl RedisFunnel {
             return self.eval_on_one_node(asked, quota, &ids, deadline).await;
         };
         let mut conn = conn.clone();
-        let table = match clock::timeout_at(deadline, slots.table(&mut conn)).await {
+        let table = match clock::timeout_at(deadline, slots.table(&mut conn, deadline)).await {
             Ok(Ok(table)) => table,
             Ok(Err(e)) => return vec![Err(self.backend(e)); asked.len()],
             Err(_) => return vec![Err(self.timed_out()); asked.len()],
