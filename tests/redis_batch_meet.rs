@@ -454,7 +454,6 @@ async fn behind_the_http_layer_a_cached_refusal_that_runs_out_while_reconnecting
 /// carry them as the one from Redis did (the policy is the quota's, known
 /// without Redis; the refusal says no permit is left).
 #[tokio::test]
-#[ignore = "finding 3: a 429 answered from the refusal cache carries no RateLimit-Policy and no RateLimit field"]
 async fn behind_the_http_layer_a_cached_refusal_carries_the_ratelimit_fields() {
     let Some(server) = RedisServer::start("batch_meet_http_cached") else {
         return;

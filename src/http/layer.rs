@@ -91,7 +91,10 @@ impl<L, E> Config<L, E> {
 /// legacy `X-RateLimit-Limit`, `-Remaining` and `-Reset`, from the key's
 /// state as the decision left it: read with the decision (for a
 /// `KeyedFunnel` the same read of the key, for `RedisFunnel` the same round
-/// trip). `RateLimit-Policy` is built once per quota.
+/// trip; a refusal `RedisFunnel` answers from its refusal cache reports the
+/// bands that refusal showed, moved on to now). `RateLimit-Policy` is built
+/// once per quota. A request a shared store could not decide and granted
+/// by failing open carries no fields: no state was read.
 ///
 /// A local map decides inside `call`, and the service made ready is
 /// called at once: no future is boxed. A shared store's decision is one

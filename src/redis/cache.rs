@@ -64,7 +64,17 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::repr::Split;
 use crate::Quota;
+use crate::algorithm::MAX_BANDS;
+
+/// What a refusal showed of the key: each band's instant as the script
+/// read it, in its own units, and the server's time then (µs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Seen {
+    pub(super) instants: [Split; MAX_BANDS],
+    pub(super) now_us: u64,
+}
 
 /// Recent refusals, at most `slots` of them.
 pub(super) struct RefusalCache {
@@ -80,6 +90,8 @@ struct Entry {
     n: u32,
     until: Instant,
     epoch: u64,
+    /// The bands the refusal showed, and when its request was sent.
+    seen: Option<(Seen, Instant)>,
 }
 
 impl RefusalCache {
@@ -100,6 +112,7 @@ impl RefusalCache {
         &self.slots[i]
     }
 
+    #[cfg(test)]
     /// How long `n` permits of `key` under `quota` are still known to be
     /// refused at `now`, in the connection's epoch `epoch`; `None` when
     /// Redis must be asked. Only the same key, the same quota, as many
@@ -113,6 +126,24 @@ impl RefusalCache {
         now: Instant,
         epoch: u64,
     ) -> Option<Duration> {
+        self.refused_seen(key, quota, n, now, epoch)
+            .map(|(wait, _)| wait)
+    }
+
+    /// As [`refused`](Self::refused), with what the refusal showed of the
+    /// key's bands, moved on to `now`: the server's time taken as the one
+    /// it read plus the local time since the request was *sent* (no later
+    /// than the server read it), so the bands read at least as empty as
+    /// they are (Redis's state only moves later) — what the `RateLimit`
+    /// fields of an answer from the cache report.
+    pub(super) fn refused_seen(
+        &self,
+        key: &str,
+        quota: &Quota,
+        n: u32,
+        now: Instant,
+        epoch: u64,
+    ) -> Option<(Duration, Option<Seen>)> {
         let slot = self
             .slot(key)
             .lock()
@@ -123,11 +154,23 @@ impl RefusalCache {
             && entry.epoch == epoch
             && entry.quota == *quota
             && &*entry.key == key)
-            .then(|| entry.until - now)
+            .then(|| {
+                let seen = entry.seen.map(|(seen, sent)| {
+                    let since = u64::try_from(now.saturating_duration_since(sent).as_micros())
+                        .unwrap_or(u64::MAX);
+                    Seen {
+                        now_us: seen.now_us.saturating_add(since),
+                        ..seen
+                    }
+                });
+                (entry.until - now, seen)
+            })
     }
 
     /// Redis refused `n` permits of `key` under `quota`, to fit after
-    /// `retry_after`, for a request sent at `sent` in epoch `epoch`.
+    /// `retry_after`, for a request sent at `sent` in epoch `epoch`,
+    /// showing `seen` of the key's bands.
+    #[expect(clippy::too_many_arguments, reason = "one refusal, as Redis gave it")]
     pub(super) fn remember(
         &self,
         key: &str,
@@ -136,6 +179,7 @@ impl RefusalCache {
         sent: Instant,
         retry_after: Duration,
         epoch: u64,
+        seen: Option<Seen>,
     ) {
         let until = sent + retry_after;
         let mut slot = self
@@ -151,6 +195,7 @@ impl RefusalCache {
             n,
             until,
             epoch,
+            seen: seen.map(|seen| (seen, sent)),
         });
     }
 
@@ -209,7 +254,7 @@ mod tests {
     fn a_refusal_holds_for_as_many_until_it_expires() {
         let cache = RefusalCache::new(8);
         let t0 = Instant::now();
-        cache.remember("k", &Q, 3, t0, ms(200), 1);
+        cache.remember("k", &Q, 3, t0, ms(200), 1, None);
         assert_eq!(cache.refused("k", &Q, 3, t0 + ms(50), 1), Some(ms(150)));
         assert_eq!(
             cache.refused("k", &Q, 5, t0 + ms(50), 1),
@@ -238,9 +283,9 @@ mod tests {
         // none is ever answered from another's refusal.
         let cache = RefusalCache::new(1);
         let t0 = Instant::now();
-        cache.remember("a", &Q, 1, t0, ms(100), 1);
+        cache.remember("a", &Q, 1, t0, ms(100), 1, None);
         assert_eq!(cache.refused("b", &Q, 5, t0, 1), None);
-        cache.remember("b", &Q, 2, t0, ms(100), 1);
+        cache.remember("b", &Q, 2, t0, ms(100), 1, None);
         assert_eq!(cache.refused("a", &Q, 5, t0, 1), None, "overwritten: ask");
         assert_eq!(cache.refused("b", &Q, 2, t0, 1), Some(ms(100)));
     }
@@ -249,12 +294,12 @@ mod tests {
     fn a_grant_or_a_peek_that_fits_removes_the_keys_refusal() {
         let cache = RefusalCache::new(4);
         let t0 = Instant::now();
-        cache.remember("k", &Q, 2, t0, ms(100), 1);
+        cache.remember("k", &Q, 2, t0, ms(100), 1, None);
         cache.forget("other");
         assert!(cache.refused("k", &Q, 2, t0, 1).is_some());
         cache.forget("k");
         assert_eq!(cache.refused("k", &Q, 2, t0, 1), None);
-        cache.remember("k", &Q, 2, t0, ms(100), 1);
+        cache.remember("k", &Q, 2, t0, ms(100), 1, None);
         cache.forget_if("k", |q, n| {
             assert_eq!((*q, n), (Q, 2));
             false
@@ -268,16 +313,16 @@ mod tests {
     fn the_latest_refusal_is_kept() {
         let cache = RefusalCache::new(1);
         let t0 = Instant::now();
-        cache.remember("k", &Q, 1, t0, ms(100), 1);
-        cache.remember("k", &Q, 4, t0, ms(300), 1);
+        cache.remember("k", &Q, 1, t0, ms(100), 1, None);
+        cache.remember("k", &Q, 4, t0, ms(300), 1, None);
         assert_eq!(cache.refused("k", &Q, 1, t0, 1), None);
         assert_eq!(cache.refused("k", &Q, 4, t0, 1), Some(ms(300)));
-        cache.remember("k", &Q, 1, t0 + ms(100), ms(50), 1);
+        cache.remember("k", &Q, 1, t0 + ms(100), ms(50), 1, None);
         assert_eq!(cache.refused("k", &Q, 1, t0 + ms(120), 1), Some(ms(30)));
         assert_eq!(cache.refused("k", &Q, 4, t0 + ms(120), 1), None);
         // A refusal of a new epoch replaces one of an old epoch.
-        cache.remember("k", &Q, 1, t0 + ms(150), ms(100), 1);
-        cache.remember("k", &Q, 4, t0 + ms(150), ms(100), 2);
+        cache.remember("k", &Q, 1, t0 + ms(150), ms(100), 1, None);
+        cache.remember("k", &Q, 4, t0 + ms(150), ms(100), 2, None);
         assert_eq!(cache.refused("k", &Q, 4, t0 + ms(150), 2), Some(ms(100)));
     }
 
@@ -286,7 +331,7 @@ mod tests {
         let cache = RefusalCache::new(16);
         let t0 = Instant::now();
         for k in 0..10_000 {
-            cache.remember(&k.to_string(), &Q, 1, t0, ms(1_000), 1);
+            cache.remember(&k.to_string(), &Q, 1, t0, ms(1_000), 1, None);
         }
         assert_eq!(cache.len(), 16);
         let held = (0..10_000)
@@ -371,7 +416,7 @@ mod tests {
                         let sent = at.checked_sub(ms(latency)).unwrap_or(start);
                         match pour(k, t, n) {
                             Ok(_) => cache.forget(keys[k]),
-                            Err(waits) => cache.remember(keys[k], &tiers[t], n, sent, encoded[t].retry_after(&waits), epoch),
+                            Err(waits) => cache.remember(keys[k], &tiers[t], n, sent, encoded[t].retry_after(&waits), epoch, None),
                         }
                     }
                     Step::Other(k, t, n) => {

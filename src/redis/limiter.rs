@@ -256,9 +256,9 @@ impl RedisFunnel {
         }
         let epoch = self.inner.conn.epoch();
         match self.eval(key, quota, n, deadline).await {
-            Ok(answer) => {
-                let answer = self.answered(answer, quota);
-                self.remember(key, quota, n, (sent, epoch), &answer);
+            Ok(raw) => {
+                let answer = self.answered(raw, quota);
+                self.remember(key, quota, n, (sent, epoch), (&answer, &raw));
                 answer
             }
             Err(e) => self.failed(e, 1),
@@ -287,9 +287,24 @@ impl RedisFunnel {
         now: tokio::time::Instant,
         deadline: tokio::time::Instant,
     ) -> Option<Result<(), RedisLimitError>> {
+        self.cached_seen(key, quota, n, now, deadline)
+            .await
+            .map(|(answer, _)| answer)
+    }
+
+    /// [`cached`](Self::cached), and for a refusal what it showed of the
+    /// key's bands, moved on to now (see [`RefusalCache::refused_seen`](super::cache::RefusalCache::refused_seen)).
+    async fn cached_seen(
+        &self,
+        key: &str,
+        quota: &Encoded,
+        n: u32,
+        now: tokio::time::Instant,
+        deadline: tokio::time::Instant,
+    ) -> Option<(Result<(), RedisLimitError>, Option<super::cache::Seen>)> {
         let cache = self.inner.refusals.as_ref()?;
         let epoch = self.inner.conn.epoch();
-        let mut retry_after = cache.refused(key, quota.quota(), n, now, epoch)?;
+        let (mut retry_after, mut seen) = cache.refused_seen(key, quota.quota(), n, now, epoch)?;
         if let Conn::Node(node) = &self.inner.conn
             && !node.open()
         {
@@ -304,17 +319,17 @@ impl RedisFunnel {
                 Err(_) => Some(RedisLimitError::Timeout { timeout }),
             };
             match (
-                cache.refused(key, quota.quota(), n, clock::now(), epoch),
+                cache.refused_seen(key, quota.quota(), n, clock::now(), epoch),
                 unreachable,
             ) {
-                (Some(left), _) => retry_after = left,
-                (None, Some(error)) => return Some(self.failed(error, 1)),
+                (Some(left), _) => (retry_after, seen) = left,
+                (None, Some(error)) => return Some((self.failed(error, 1), None)),
                 // Open again (in the same epoch): Redis decides.
                 (None, None) => return None,
             }
         }
         self.inner.counters.cached_refusals.add(1);
-        Some(Err(RedisLimitError::Limited { retry_after }))
+        Some((Err(RedisLimitError::Limited { retry_after }), seen))
     }
 
     /// What the refusal cache learns from Redis's `answer` (as
@@ -328,14 +343,18 @@ impl RedisFunnel {
         quota: &Encoded,
         n: u32,
         sent: (tokio::time::Instant, u64),
-        answer: &Result<(), RedisLimitError>,
+        (answer, raw): (&Result<(), RedisLimitError>, &Answer),
     ) {
         let Some(cache) = &self.inner.refusals else {
             return;
         };
         match answer {
             Err(RedisLimitError::Limited { retry_after }) => {
-                cache.remember(key, quota.quota(), n, sent.0, *retry_after, sent.1);
+                let seen = raw.instants.map(|instants| super::cache::Seen {
+                    instants,
+                    now_us: raw.now_us,
+                });
+                cache.remember(key, quota.quota(), n, sent.0, *retry_after, sent.1, seen);
             }
             Ok(()) => cache.forget(key),
             Err(_) => {}
@@ -483,8 +502,9 @@ impl RedisFunnel {
                             answer.now_us,
                             back,
                         );
-                        let answer = self.answered(answer, quota);
-                        self.remember(key, quota, *n, (sent, epoch), &answer);
+                        let raw = answer;
+                        let answer = self.answered(raw, quota);
+                        self.remember(key, quota, *n, (sent, epoch), (&answer, &raw));
                         answer
                     }
                     Err(e) => self.failed(e, 1),
@@ -561,7 +581,7 @@ impl RedisFunnel {
                 // error. (`n = 0` reads, and teaches nothing.)
                 let decided = self.answered(answer, quota);
                 if n > 0 {
-                    self.remember(key, quota, n, sent, &decided);
+                    self.remember(key, quota, n, sent, (&decided, &answer));
                 }
                 let retry_after = decided.err().and_then(|e| e.retry_after());
                 Ok(Decision {
@@ -678,8 +698,11 @@ impl RedisFunnel {
     /// band's state after the decision, from the same round trip: the
     /// report's [`answer`](Peek::answer) is the decision (`Limited` with the
     /// exact wait, or `InsufficientCapacity`), its bands what the
-    /// `RateLimit` response headers show. A refusal from the refusal cache,
-    /// or a grant by [`FailurePolicy::Open`], has no bands; `n = 0` is a
+    /// `RateLimit` response headers show. A refusal from the refusal cache
+    /// has the bands the refusal Redis gave showed, moved on by the time
+    /// since (Redis's state only moves later, so they read at most as full
+    /// as they are); a grant by
+    /// [`FailurePolicy::Open`] has no bands; `n = 0` is a
     /// [`peek`](Self::peek).
     ///
     /// # Errors
@@ -711,20 +734,22 @@ impl RedisFunnel {
                 &[],
             ));
         }
-        let refused = |retry_after| {
-            Ok(Peek::new(
-                Err(crate::TryAcquireError::Limited { retry_after }),
-                &[],
-            ))
-        };
         let now = clock::now();
         let deadline = self.deadline_from(now);
-        match self.cached(key, quota, n, now, deadline).await {
-            Some(Err(RedisLimitError::Limited { retry_after })) => return refused(retry_after),
+        match self.cached_seen(key, quota, n, now, deadline).await {
+            // The bands as the refusal showed them, moved on to now.
+            Some((Err(RedisLimitError::Limited { retry_after }), seen)) => {
+                let refused = Err(crate::TryAcquireError::Limited { retry_after });
+                let Some(seen) = seen else {
+                    return Ok(Peek::new(refused, &[]));
+                };
+                let stored = stored_of(quota, &seen.instants);
+                return Ok(state::peek(quota, &stored, seen.now_us, 0).with_answer(refused));
+            }
             // The failure policy's answer (a cached refusal that ran out
             // while Redis could not be reached), counted already.
-            Some(Ok(())) => return Ok(Peek::new(Ok(()), &[])),
-            Some(Err(e)) => return Err(e),
+            Some((Ok(()), _)) => return Ok(Peek::new(Ok(()), &[])),
+            Some((Err(e), _)) => return Err(e),
             None => {}
         }
         let sent = (now, self.inner.conn.epoch());
@@ -736,7 +761,7 @@ impl RedisFunnel {
             }
         };
         let decided = self.answered(answer, quota);
-        self.remember(key, quota, n, sent, &decided);
+        self.remember(key, quota, n, sent, (&decided, &answer));
         let decided = match decided {
             Ok(()) => Ok(()),
             Err(RedisLimitError::Limited { retry_after }) => {
@@ -744,18 +769,9 @@ impl RedisFunnel {
             }
             Err(e) => return Err(e),
         };
-        let stored: Vec<state::Stored> = match answer.instants {
-            Some(instants) => instants
-                .iter()
-                .zip(quota.bands())
-                .map(|(s, band)| state::Stored {
-                    us: s.us,
-                    rem: s.rem,
-                    unit: band.unit(),
-                })
-                .collect(),
-            None => Vec::new(),
-        };
+        let stored = answer
+            .instants
+            .map_or_else(Vec::new, |instants| stored_of(quota, &instants));
         Ok(state::peek(quota, &stored, answer.now_us, 0).with_answer(decided))
     }
 
@@ -951,6 +967,19 @@ impl fmt::Debug for RedisFunnel {
             .field("timeout", &self.inner.timeout)
             .finish_non_exhaustive()
     }
+}
+
+/// The bands of `quota` as the script's instants say, in their units.
+fn stored_of(quota: &Encoded, instants: &[super::repr::Split]) -> Vec<state::Stored> {
+    instants
+        .iter()
+        .zip(quota.bands())
+        .map(|(s, band)| state::Stored {
+            us: s.us,
+            rem: s.rem,
+            unit: band.unit(),
+        })
+        .collect()
 }
 
 /// A request decided without Redis: `n = 0`, or more than `quota`'s
