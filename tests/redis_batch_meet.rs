@@ -18,12 +18,17 @@ mod redis_server;
 #[path = "support/redis_cluster.rs"]
 mod redis_cluster;
 
+#[path = "support/redis_proxy.rs"]
+mod redis_proxy;
+
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use http::{Request, Response};
+use redis_cluster::slot;
+use redis_proxy::{dying_proxy, reply_losing_proxy};
 use redis_server::RedisServer;
 use tokio::time::{Instant, sleep};
 use tokio_ratelimit::http::{Header, HttpRateLimitLayer};
@@ -107,92 +112,6 @@ async fn kill_clients(server: &RedisServer) -> i64 {
         .query_async(&mut admin)
         .await
         .unwrap()
-}
-
-/// A proxy to Redis on `upstream` that, while `to_lose` is above zero,
-/// takes one read chunk holding an `EVALSHA` (a decision's, a batch's
-/// pipeline, or a peek's), passes it on to Redis, and closes that
-/// connection `hold` later without passing back what Redis answered.
-/// Everything else goes through. (As `tests/redis_live_meet.rs`'s.)
-fn reply_losing_proxy(
-    listener: tokio::net::TcpListener,
-    upstream: u16,
-    to_lose: Arc<AtomicU32>,
-    hold: Duration,
-) -> tokio::task::JoinHandle<()> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    tokio::spawn(async move {
-        while let Ok((client, _)) = listener.accept().await {
-            let server = tokio::net::TcpStream::connect(("127.0.0.1", upstream))
-                .await
-                .unwrap();
-            let to_lose = to_lose.clone();
-            tokio::spawn(async move {
-                let (mut cr, mut cw) = client.into_split();
-                let (mut sr, mut sw) = server.into_split();
-                let pass = Arc::new(AtomicBool::new(true));
-                let back = {
-                    let pass = pass.clone();
-                    tokio::spawn(async move {
-                        let mut buf = vec![0u8; 64 * 1024];
-                        while let Ok(n @ 1..) = sr.read(&mut buf).await {
-                            if pass.load(Ordering::SeqCst) && cw.write_all(&buf[..n]).await.is_err()
-                            {
-                                break;
-                            }
-                        }
-                    })
-                };
-                let mut buf = vec![0u8; 64 * 1024];
-                while let Ok(n @ 1..) = cr.read(&mut buf).await {
-                    let chunk = &buf[..n];
-                    let evalsha = chunk.windows(7).any(|w| w == b"EVALSHA");
-                    let lost = evalsha
-                        && to_lose
-                            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |l| l.checked_sub(1))
-                            .is_ok();
-                    if lost {
-                        pass.store(false, Ordering::SeqCst);
-                    }
-                    if sw.write_all(chunk).await.is_err() {
-                        break;
-                    }
-                    if lost {
-                        sleep(hold).await;
-                        break;
-                    }
-                }
-                back.abort();
-            });
-        }
-    })
-}
-
-/// A proxy to Redis on `upstream`; once `dead` is set, connections it
-/// accepts are held open and never answered (a host that stopped
-/// answering), while connections made before go through until Redis
-/// closes them. (As `tests/redis_live_meet.rs`'s.)
-fn dying_proxy(
-    listener: tokio::net::TcpListener,
-    upstream: u16,
-    dead: Arc<AtomicBool>,
-) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Ok((client, _)) = listener.accept().await {
-            if dead.load(Ordering::SeqCst) {
-                held.push(client);
-                continue;
-            }
-            let mut server = tokio::net::TcpStream::connect(("127.0.0.1", upstream))
-                .await
-                .unwrap();
-            tokio::spawn(async move {
-                let mut client = client;
-                let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
-            });
-        }
-    })
 }
 
 async fn proxy_listener() -> (tokio::net::TcpListener, String) {
@@ -597,22 +516,6 @@ async fn the_tower_keyed_layer_answers_as_the_redis_limiter_decided() {
     wait(ask("ann").await.unwrap_err());
     assert_eq!(called.load(Ordering::SeqCst), 1);
     assert_eq!(counts(l.stats()), [3, 1, 1, 1, 0, 0, 0, 0, 2]);
-}
-
-/// The slot of a Redis key: CRC16/XMODEM mod 16 384 (no hash tags here).
-fn slot(key: &str) -> u16 {
-    let mut crc: u16 = 0;
-    for &b in key.as_bytes() {
-        crc ^= u16::from(b) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 == 0 {
-                crc << 1
-            } else {
-                (crc << 1) ^ 0x1021
-            };
-        }
-    }
-    crc % 16_384
 }
 
 /// On a cluster, a batch of two keys of one master; one key's slot is then
