@@ -201,7 +201,15 @@ where
                 }));
                 settle().await;
             }
-            2 => held.push((key, keyed.get(&key))),
+            2 => {
+                // Hold a handle; with one held already, take through it.
+                if let Some((_, handle)) = held.iter().find(|(k, _)| *k == key) {
+                    map_log.push(Did::Try(step, key, handle.try_acquire_many(n)));
+                    twin_log.push(Did::Try(step, key, twin.try_acquire_many(n)));
+                } else {
+                    held.push((key, keyed.get(&key)));
+                }
+            }
             3 => {
                 // A reservation on each side, held for a while, then
                 // committed or given back.
