@@ -430,9 +430,12 @@ impl TokenBucket {
     }
 
     /// Whether this handle is the only one and the bucket is in the state
-    /// of a newly built one (as many tokens as it started with, nobody
-    /// waiting): dropping it and building a new one would change nothing.
-    /// [`Keyed`](crate::keyed::Keyed) evicts such keys.
+    /// of a newly built one (full, nobody waiting): dropping it and
+    /// building a new one, now or later, would change nothing.
+    /// [`Keyed`](crate::keyed::Keyed) evicts such keys. A bucket built
+    /// below its capacity ([`initial`](TokenBucketBuilder::initial)) is
+    /// never fresh: kept, it refills, where one built anew later would
+    /// start from `initial` again.
     ///
     /// # Examples
     ///

@@ -183,6 +183,10 @@ impl Schedule for Banded {
     }
 
     fn is_fresh(&self, tats: &PerBand) -> bool {
+        // Built below capacity: never fresh (see the one-band bucket's).
+        if self.fresh_deficit != 0 {
+            return false;
+        }
         let now = self.now();
         if self.credit.due(now).is_some() {
             return false;

@@ -235,11 +235,16 @@ impl Schedule for Bucket {
     }
 
     fn is_fresh(&self, _: &Configured) -> bool {
+        // A bucket built below its capacity is never fresh: one kept at its
+        // starting level goes on refilling, and one built anew at its next
+        // use would start from that level again.
+        if self.cell.fresh_deficit != 0 {
+            return false;
+        }
         let now_nanos = self.cell.now_nanos();
         let s = self.cell.snapshot();
         let now = s.params.scale_nanos(now_nanos);
-        !self.cell.has_credit(now_nanos)
-            && s.tat().max(now) == now + s.params.cost(self.cell.fresh_deficit)
+        !self.cell.has_credit(now_nanos) && s.tat() <= now
     }
 
     fn available(&self, _: &Configured) -> Option<u32> {

@@ -61,7 +61,9 @@ impl<K, L> Clone for Make<K, L> {
 /// one, and not held outside the map) — checked when a shard would grow and
 /// by a background sweeper — and is built again on its next use. Limiters
 /// that never report fresh (the default for user types; a token bucket
-/// that starts below capacity) are kept until the map is dropped.
+/// that starts below capacity; a `SmoothBursty` that stores permits, since
+/// a new one starts with none stored while a kept one gathers them) are
+/// kept until the map is dropped.
 ///
 /// The factory is called inside the runtime the map was built in, so keys
 /// can be added from any thread.
@@ -192,7 +194,17 @@ where
     /// (not fresh), new keys are refused: `try_acquire` answers
     /// `Unavailable`, `acquire` waits and retries (but for requests the
     /// key's limiter would answer at once whatever the map: `n` = 0 passes,
-    /// `n` over its capacity is `InsufficientCapacity`).
+    /// `n` over its capacity is `InsufficientCapacity` — the capacity read
+    /// from [`Limiter::peek`](crate::Limiter::peek) of the limiter the
+    /// factory would build, so a limiter of your own that keeps the trait's
+    /// default `peek` gets `Unavailable` there too).
+    ///
+    /// A full map looks for fresh keys to drop (in the new key's shard,
+    /// then the others) at most once per an eighth of the
+    /// [`sweep_interval`](Self::sweep_interval): a key that turns fresh
+    /// just after a look gives its slot at the next one, up to that long
+    /// later (125 ms by default), so that a flood of new keys against a
+    /// full map costs one look, not one per request.
     pub fn max_keys(&mut self, max_keys: usize) -> &mut Self {
         self.max_keys = max_keys;
         self
@@ -668,6 +680,13 @@ where
     where
         F: Fn() -> Result<L, ConfigError> + Send + Sync + 'static,
     {
+        // Checked inside the map's runtime, as the factory is called for
+        // keys (the actor buckets cannot be built outside one).
+        let _entered = self
+            .inner
+            .runtime
+            .as_ref()
+            .map(tokio::runtime::Handle::enter);
         self.replace_factory(Make::Any(Arc::new(factory)).into_factory()?);
         Ok(())
     }

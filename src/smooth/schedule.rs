@@ -402,11 +402,17 @@ impl Schedule for Smooth {
         if nanos(now) < books.credit_until || books.state.next_free() > now {
             return false;
         }
-        // A new limiter starts cold (warm-up) or empty (bursty).
+        // A new limiter starts cold (warm-up), which a kept one at its
+        // coldest stays; or with no permits stored (bursty), which a kept
+        // one that can store some does not stay: it gathers them while a
+        // new one built at its next use would have none. So a bursty
+        // limiter is fresh only if it stores nothing (`max_burst` zero).
         let fresh = if books.state.warmup().is_some() {
             books.state.max_permits()
-        } else {
+        } else if books.state.max_permits() == 0.0 {
             0.0
+        } else {
+            return false;
         };
         #[expect(
             clippy::float_cmp,
