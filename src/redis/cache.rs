@@ -50,6 +50,15 @@
 //! would give too (its state can only have moved later), whatever the
 //! failure policy; a failing open limiter grants every other request.
 //!
+//! # What an answer from the cache reports
+//!
+//! An entry also keeps what the refusal showed of the key (each band's
+//! instant, the server's time then), so that an answer from the cache can
+//! report the bands as the `RateLimit` fields need them: moved on to now by
+//! the local time since the request was sent, they read at most as full as
+//! the key is (its state only moves later), and the band that refused
+//! reads too full for the request, as Redis said.
+//!
 //! # Bounded
 //!
 //! A fixed number of slots, each holding one key's latest refusal, chosen
