@@ -74,7 +74,7 @@ pin_project! {
         meter: Meter<L>,
         // Bytes read from `inner`: `buf[pos..paid]` paid and not yet handed
         // out, `buf[paid..filled]` not yet paid. `pos <= paid <= filled`.
-        buf: Box<[u8]>,
+        buf: Vec<u8>,
         pos: usize,
         paid: usize,
         filled: usize,
@@ -121,7 +121,7 @@ impl<R, L: Limiter + 'static> RateLimitedRead<R, L> {
         RateLimitedRead {
             inner,
             meter: Meter::new(limiter, max_chunk),
-            buf: Box::default(),
+            buf: Vec::new(),
             pos: 0,
             paid: 0,
             filled: 0,
@@ -236,8 +236,11 @@ impl<R: AsyncRead, L: Limiter + 'static> AsyncBufRead for RateLimitedRead<R, L> 
             // gigabytes that no read will ever fill.
             let chunk = this.meter.chunk() as usize;
             if this.buf.len() < chunk && *this.filled == this.buf.len() {
+                // Grown in place (a large buffer is remapped, not copied):
+                // only the new part is written, so the memory touched is
+                // the final size, not the sum of every size on the way.
                 let grown = (this.buf.len() * 2).max(INITIAL_BUFFER).min(chunk);
-                *this.buf = vec![0; grown].into_boxed_slice();
+                this.buf.resize(grown, 0);
             }
             let len = chunk.min(this.buf.len());
             let mut read = ReadBuf::new(&mut this.buf[..len]);
