@@ -27,6 +27,12 @@ use tokio_ratelimit::{
     TokenBucket, TryAcquireError,
 };
 
+/// What the real-time `retry_after` test grants the fast clock: it was seen
+/// to fall up to 6 µs behind std's over a 20 ms wait on a loaded machine
+/// (finding 5), and a segment's slope may depart from the measured ratio
+/// by 500 ppm, 25 µs over one 50 ms segment.
+const FAST_CLOCK_SLACK: Duration = Duration::from_micros(25);
+
 /// The interval of every limiter in the real-time tests: 50 per second.
 const INTERVAL: Duration = Duration::from_millis(20);
 const PER_SECOND: u32 = 50;
@@ -293,9 +299,10 @@ fn fast_clock_shaped_requests_are_never_released_before_their_turn() {
     });
 }
 
-/// On the fast clock: a refusal's `retry_after`, honoured to the
-/// nanosecond on std's clock from the instant after the refusal returned,
-/// is granted. Five rounds per kind.
+/// On the fast clock: a refusal's `retry_after`, honoured on std's clock
+/// from the instant after the refusal returned (plus [`FAST_CLOCK_SLACK`]),
+/// is granted. Five rounds per kind. (To the nanosecond it is not always:
+/// finding 5.)
 #[test]
 fn fast_clock_retry_after_honoured_exactly_is_granted() {
     let rt = multi_thread();
@@ -313,7 +320,7 @@ fn fast_clock_retry_after_honoured_exactly_is_granted() {
                 "{}: {retry_after:?}",
                 kind.name
             );
-            until(after + retry_after);
+            until(after + retry_after + FAST_CLOCK_SLACK);
             match (kind.try_one)() {
                 Ok(()) => {}
                 Err(e) => refused.push(format!(
@@ -337,6 +344,9 @@ fn limited(result: Result<(), TryAcquireError>) -> Duration {
     }
 }
 
+/// One limiter's `try_acquire`, by reference.
+type TryOne<'a> = &'a dyn Fn() -> Result<(), TryAcquireError>;
+
 /// A funnel of 20/s (a permit every 50 ms), capacity 1, built in a paused
 /// runtime after an hour of virtual time (as a test's `static` is, built by
 /// whichever test touches it first, after its waits), and drained there.
@@ -355,24 +365,57 @@ fn funnel_from_an_advanced_paused_runtime() -> Funnel {
 
 /// "Survives its runtime": a limiter built in one paused runtime and used
 /// in another (a `static` shared by paused tests). The refusal says 50 ms;
-/// honoured on the second runtime's clock, the funnel refuses again with
+/// honoured on the second runtime's clock, the limiter refuses again with
 /// the same 50 ms: the second clock reads before the first's origin, and
-/// the limiter's time stands still until it passes it (an hour).
+/// the limiter's time stands still until it passes it (an hour). The
+/// funnel, the keyed funnel, the token bucket and `SmoothBursty` alike.
 #[test]
 #[ignore = "finding 1: a limiter from an advanced paused runtime is frozen in the next runtime: retry_after honoured is refused again"]
 fn retry_after_from_an_advanced_paused_runtime_is_honoured_in_the_next() {
+    let rate = Rate::per_second(20);
     let funnel = funnel_from_an_advanced_paused_runtime();
-    paused().block_on(async {
-        let retry_after = limited(funnel.try_acquire());
-        assert!(retry_after <= Duration::from_millis(50), "{retry_after:?}");
-        time::sleep(retry_after).await;
-        assert_eq!(
-            funnel.try_acquire(),
-            Ok(()),
-            "refused after sleeping its retry_after ({retry_after:?}); peek: {:?}",
-            funnel.peek(1).retry_after()
-        );
+    let (keyed, token, bursty) = paused().block_on(async {
+        time::advance(Duration::from_secs(3600)).await;
+        let keyed: KeyedFunnel<u32> = KeyedFunnel::builder()
+            .rate(rate)
+            .capacity(1)
+            .background_sweep(false)
+            .build()
+            .unwrap();
+        let token = TokenBucket::builder()
+            .rate(rate)
+            .capacity(1)
+            .build()
+            .unwrap();
+        let bursty = SmoothBursty::builder()
+            .permits_per_second(20.0)
+            .build()
+            .unwrap();
+        keyed.try_acquire(&1).unwrap();
+        token.try_acquire().unwrap();
+        bursty.try_acquire().unwrap();
+        (keyed, token, bursty)
     });
+    let kinds: [(&str, TryOne<'_>); 4] = [
+        ("funnel", &|| funnel.try_acquire()),
+        ("keyed funnel", &|| keyed.try_acquire(&1)),
+        ("token", &|| token.try_acquire()),
+        ("bursty", &|| bursty.try_acquire()),
+    ];
+    let mut refused = Vec::new();
+    paused().block_on(async {
+        for (name, try_one) in kinds {
+            let retry_after = limited(try_one());
+            assert!(retry_after <= Duration::from_millis(50), "{retry_after:?}");
+            time::sleep(retry_after).await;
+            if let Err(e) = try_one() {
+                refused.push(format!(
+                    "{name}: slept its retry_after {retry_after:?}, then {e:?}"
+                ));
+            }
+        }
+    });
+    assert!(refused.is_empty(), "{}", refused.join("\n"));
 }
 
 /// The same funnel after its runtime is gone, in a runtime that is not
@@ -674,4 +717,67 @@ fn fast_clock_tower_calls_are_never_early() {
             assert!(at >= INTERVAL * k, "call {k} at {at:?}");
         }
     });
+}
+
+/// `retry_after` "exact to the nanosecond", on a fast clock "kept within a
+/// microsecond of the OS clock": honoured to the nanosecond on std's clock
+/// (spinning to `after + retry_after`, `after` read once the refusal has
+/// returned, so the wait is if anything a little long), the request must
+/// be granted. Every kind five times, then a funnel of 1 000/s a thousand
+/// times, with four threads spinning on the machine's cores (a loaded
+/// machine). Intermittent: seen refused with 0.3–4.6 µs left in 3 of ~70
+/// runs of this file on a loaded 2-core machine, with 0.1–0.2 µs left in 1
+/// of 5 runs of a funnel loop under load, and with 6 µs left in 1 of 6
+/// runs of this test.
+#[test]
+#[ignore = "finding 5 (intermittent, under load): retry_after honoured to the ns on std's clock is refused with up to 6 us left"]
+fn fast_clock_retry_after_honoured_to_the_nanosecond_is_granted() {
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let spinners: Vec<_> = (0..4)
+        .map(|_| {
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+        })
+        .collect();
+    let rt = multi_thread();
+    let mut kinds = rt.block_on(async { every_kind() });
+    let funnel = Funnel::builder()
+        .rate(Rate::per_second(1_000))
+        .capacity(1)
+        .build()
+        .unwrap();
+    kinds.push(of_limiter("funnel 1000/s", funnel));
+    let _guard = rt.enter();
+    let mut refused = Vec::new();
+    for kind in &kinds {
+        let rounds = if kind.name == "funnel 1000/s" {
+            1_000
+        } else {
+            5
+        };
+        for round in 0..rounds {
+            let (_, retry_after) = drain(kind);
+            let after = StdInstant::now();
+            until(after + retry_after);
+            if let Err(e) = (kind.try_one)() {
+                refused.push(format!(
+                    "{} round {round}: waited {retry_after:?}, then {e:?}",
+                    kind.name
+                ));
+            }
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for spinner in spinners {
+        spinner.join().unwrap();
+    }
+    assert!(
+        refused.is_empty(),
+        "refused after retry_after:\n{}",
+        refused.join("\n")
+    );
 }
