@@ -781,3 +781,76 @@ fn fast_clock_retry_after_honoured_to_the_nanosecond_is_granted() {
         refused.join("\n")
     );
 }
+
+/// The fast clock "kept within a microsecond of the OS clock", measured
+/// through a limiter: a funnel of one permit a minute, drained, whose
+/// `peek` says how long until the next permit. Each sample brackets that
+/// permit's due instant on std's clock: `[before + wait, after + wait]`,
+/// with `before` and `after` read around the `peek` (samples whose bracket
+/// is wider than 2 µs, a preemption, are dropped). The due instant does not
+/// move, so were the limiter's clock std's, every bracket would overlap
+/// every other. The clock's documented microsecond either way lets two
+/// samples' brackets miss each other by up to 2 µs; twice that is allowed:
+/// no sample's earliest may be more than 4 µs after an earlier sample's
+/// latest (the limiter's clock fell behind std's), nor its latest more
+/// than 4 µs before an earlier sample's earliest (it got ahead). Sampled
+/// for up to 20 s, two threads spinning. Seen: most runs within 0.7–2.2
+/// µs; 3.0 µs ahead 16 ms after the clock was set up (its first segment
+/// runs on quanta's calibration); 8.4 µs behind and 8.2 µs ahead in one
+/// idle run; 21 µs with four threads spinning.
+#[test]
+#[ignore = "finding 5 (intermittent): the fast clock departs from std's by up to 8-21 us at times (documented: within a microsecond)"]
+fn fast_clock_stays_within_microseconds_of_std() {
+    const LIMIT: i128 = 4_000;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let spinners: Vec<_> = (0..2)
+        .map(|_| {
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+        })
+        .collect();
+    let funnel = Funnel::builder()
+        .rate(Rate::per(1, Duration::from_secs(60)))
+        .capacity(1)
+        .build()
+        .unwrap();
+    funnel.try_acquire().unwrap();
+    let base = StdInstant::now();
+    let nanos = |d: Duration| i128::try_from(d.as_nanos()).unwrap();
+    // The latest of the earliest dues seen, and the earliest of the latest.
+    let (mut earliest, mut latest) = (i128::MIN, i128::MAX);
+    let (mut behind, mut ahead) = ((0, Duration::ZERO), (0, Duration::ZERO));
+    while base.elapsed() < Duration::from_secs(20) && behind.0.max(ahead.0) <= LIMIT {
+        let before = StdInstant::now();
+        let wait = funnel.peek(1).retry_after().unwrap();
+        let after = StdInstant::now();
+        if after - before > Duration::from_micros(2) {
+            continue;
+        }
+        let (from, to) = (nanos(before - base + wait), nanos(after - base + wait));
+        if from.saturating_sub(latest) > behind.0 {
+            behind = (from - latest, base.elapsed());
+        }
+        if earliest.saturating_sub(to) > ahead.0 {
+            ahead = (earliest - to, base.elapsed());
+        }
+        earliest = earliest.max(from);
+        latest = latest.min(to);
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for spinner in spinners {
+        spinner.join().unwrap();
+    }
+    assert!(
+        behind.0 <= LIMIT && ahead.0 <= LIMIT,
+        "the limiter's clock against std's: {} ns behind (at {:?}), {} ns ahead (at {:?})",
+        behind.0,
+        behind.1,
+        ahead.0,
+        ahead.1
+    );
+}
