@@ -203,7 +203,9 @@
 //!   `TOKIO_RATELIMIT_CLOCK=system` in the environment, limiters read
 //!   tokio's clock. A limiter built inside a paused runtime always follows
 //!   that runtime's clock, so tests are unchanged — but one built outside
-//!   it (a `static`) and then used in a paused test reads real time.
+//!   it (a `static`) and then used in a paused test reads real time, and
+//!   its waiters do not work there (see the README, "Testing code that uses
+//!   it").
 //! * `tower` — the [`tower`] middleware (`tower-service`, `tower-layer`).
 //! * `test-util` — helpers for paused-clock tests of code that uses the
 //!   limiters.

@@ -30,8 +30,10 @@ use tokio_ratelimit::{
 /// What the real-time `retry_after` test grants the fast clock: it was seen
 /// to fall up to 6 µs behind std's over a 20 ms wait on a loaded machine
 /// (finding 5), and a segment's slope may depart from the measured ratio
-/// by 500 ppm, 25 µs over one 50 ms segment.
-const FAST_CLOCK_SLACK: Duration = Duration::from_micros(25);
+/// by 500 ppm, 25 µs over one 50 ms segment; the drift measure saw 21 µs
+/// with four threads spinning. Twice that, so that a loaded CI machine does
+/// not fail it; a clock 0.5 % slow (100 µs over the wait) still does.
+const FAST_CLOCK_SLACK: Duration = Duration::from_micros(50);
 
 /// The interval of every limiter in the real-time tests: 50 per second.
 const INTERVAL: Duration = Duration::from_millis(20);
@@ -370,7 +372,7 @@ fn funnel_from_an_advanced_paused_runtime() -> Funnel {
 /// the limiter's time stands still until it passes it (an hour). The
 /// funnel, the keyed funnel, the token bucket and `SmoothBursty` alike.
 #[test]
-#[ignore = "finding 1: a limiter from an advanced paused runtime is frozen in the next runtime: retry_after honoured is refused again"]
+#[ignore = "known, README \"Testing code that uses it\" (clocks review finding 1): a limiter from an advanced paused runtime is frozen in the next runtime: retry_after honoured is refused again"]
 fn retry_after_from_an_advanced_paused_runtime_is_honoured_in_the_next() {
     let rate = Rate::per_second(20);
     let funnel = funnel_from_an_advanced_paused_runtime();
@@ -423,7 +425,7 @@ fn retry_after_from_an_advanced_paused_runtime_is_honoured_in_the_next() {
 /// not served within a second (its timer is armed an hour ahead), and
 /// `retry_after` honoured in real time is refused again.
 #[test]
-#[ignore = "finding 1: a limiter from an advanced paused runtime is frozen in real time: waiter not served, retry_after wrong"]
+#[ignore = "known, README \"Testing code that uses it\" (clocks review finding 1): a limiter from an advanced paused runtime is frozen in real time: waiter not served, retry_after wrong"]
 fn a_limiter_from_an_advanced_paused_runtime_serves_real_time_waiters() {
     let funnel = funnel_from_an_advanced_paused_runtime();
     let rt = multi_thread();
@@ -454,7 +456,7 @@ fn a_limiter_from_an_advanced_paused_runtime_serves_real_time_waiters() {
 /// paused clock, the turn is mapped from the funnel's origin, read on
 /// std's clock, 300 ms ahead of the paused one.
 #[test]
-#[ignore = "finding 2: acquire_timeout on a fast-clock limiter in a paused runtime times out a turn within its timeout"]
+#[ignore = "known, README \"Testing code that uses it\" (clocks review finding 2): acquire_timeout on a fast-clock limiter in a paused runtime times out a turn within its timeout"]
 fn a_fast_clock_limiter_in_a_paused_runtime_keeps_its_acquire_timeout() {
     let rt = paused();
     std::thread::sleep(Duration::from_millis(300));
@@ -500,7 +502,7 @@ fn paused_clock_during_a_real_wait(name: &str, acquire: impl std::future::Future
 }
 
 #[test]
-#[ignore = "finding 3: a fast-clock funnel's waiter in a paused runtime spins the paused clock far ahead"]
+#[ignore = "known, README \"Testing code that uses it\" (clocks review finding 3): a fast-clock funnel's waiter in a paused runtime spins the paused clock far ahead"]
 fn a_fast_clock_funnel_waiter_leaves_the_paused_clock_alone() {
     let funnel = Funnel::builder()
         .rate(Rate::per_second(10))
@@ -512,7 +514,7 @@ fn a_fast_clock_funnel_waiter_leaves_the_paused_clock_alone() {
 }
 
 #[test]
-#[ignore = "finding 3: a fast-clock keyed funnel's waiter in a paused runtime spins the paused clock far ahead"]
+#[ignore = "known, README \"Testing code that uses it\" (clocks review finding 3): a fast-clock keyed funnel's waiter in a paused runtime spins the paused clock far ahead"]
 fn a_fast_clock_keyed_funnel_waiter_leaves_the_paused_clock_alone() {
     let keyed: KeyedFunnel<u32> = KeyedFunnel::builder()
         .rate(Rate::per_second(10))
@@ -620,7 +622,7 @@ fn system_clock_statics_follow_the_paused_clock() {
 }
 
 #[test]
-#[ignore = "finding 3: a fast-clock token bucket's actor in a paused runtime spins the paused clock far ahead"]
+#[ignore = "known, README \"Testing code that uses it\" (clocks review finding 3): a fast-clock token bucket's actor in a paused runtime spins the paused clock far ahead"]
 fn a_fast_clock_token_bucket_waiter_leaves_the_paused_clock_alone() {
     let token = multi_thread().block_on(async {
         TokenBucket::builder()
@@ -640,7 +642,7 @@ fn a_fast_clock_token_bucket_waiter_leaves_the_paused_clock_alone() {
 /// is right (the fast clock), while a waiter's timer is armed on the
 /// origin's instant, an hour away: not served within a second.
 #[test]
-#[ignore = "finding 4: a fast-clock limiter built in a resumed runtime: retry_after says 50 ms, a waiter elsewhere sleeps an hour"]
+#[ignore = "known, README \"Testing code that uses it\" (clocks review finding 4): a fast-clock limiter built in a resumed runtime: retry_after says 50 ms, a waiter elsewhere sleeps an hour"]
 fn a_fast_clock_limiter_from_a_resumed_runtime_serves_waiters_elsewhere() {
     let funnel = paused().block_on(async {
         time::advance(Duration::from_secs(3600)).await;
@@ -730,7 +732,7 @@ fn fast_clock_tower_calls_are_never_early() {
 /// of 5 runs of a funnel loop under load, and with 6 µs left in 1 of 6
 /// runs of this test.
 #[test]
-#[ignore = "finding 5 (intermittent, under load): retry_after honoured to the ns on std's clock is refused with up to 6 us left"]
+#[ignore = "open (clocks review finding 5; README \"On the fast clock too\") (intermittent, under load): retry_after honoured to the ns on std's clock is refused with up to 6 us left"]
 fn fast_clock_retry_after_honoured_to_the_nanosecond_is_granted() {
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let spinners: Vec<_> = (0..4)
@@ -799,7 +801,7 @@ fn fast_clock_retry_after_honoured_to_the_nanosecond_is_granted() {
 /// runs on quanta's calibration); 8.4 µs behind and 8.2 µs ahead in one
 /// idle run; 21 µs with four threads spinning.
 #[test]
-#[ignore = "finding 5 (intermittent): the fast clock departs from std's by up to 8-21 us at times (documented: within a microsecond)"]
+#[ignore = "open (clocks review finding 5; README \"On the fast clock too\") (intermittent): the fast clock departs from std's by up to 8-21 us at times (documented: within a microsecond)"]
 fn fast_clock_stays_within_microseconds_of_std() {
     const LIMIT: i128 = 4_000;
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
