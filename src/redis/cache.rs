@@ -99,8 +99,9 @@ struct Entry {
     n: u32,
     until: Instant,
     epoch: u64,
-    /// The bands the refusal showed, and when its request was sent.
-    seen: Option<(Seen, Instant)>,
+    /// The bands the refusal showed, and when its request was sent (boxed:
+    /// the slots are allocated at build, and most hold nothing).
+    seen: Option<Box<(Seen, Instant)>>,
 }
 
 impl RefusalCache {
@@ -164,7 +165,7 @@ impl RefusalCache {
             && entry.quota == *quota
             && &*entry.key == key)
             .then(|| {
-                let seen = entry.seen.map(|(seen, sent)| {
+                let seen = entry.seen.as_deref().map(|&(seen, sent)| {
                     let since = u64::try_from(now.saturating_duration_since(sent).as_micros())
                         .unwrap_or(u64::MAX);
                     Seen {
@@ -204,7 +205,7 @@ impl RefusalCache {
             n,
             until,
             epoch,
-            seen: seen.map(|seen| (seen, sent)),
+            seen: seen.map(|seen| Box::new((seen, sent))),
         });
     }
 
