@@ -5,8 +5,12 @@
 //! "same key" vs "another key" is observed through the layer over a
 //! `KeyedFunnel` of capacity 1 on a paused clock: 429 vs 200.
 //!
-//! The tests marked `#[ignore = "finding N: …"]` fail against the code as
-//! it is: each is a wrong key.
+//! The review that wrote this file found six wrong keys (all fixed): a
+//! client's own forwarding header read before the one the trusted proxy
+//! wrote (now only the header chosen with `ClientIp::forwarded_by` is
+//! read), a byte that is not text hiding the proxy's hop, quoted values in
+//! `Forwarded` split, an IPv4-mapped trusted network containing nothing, an
+//! IPv4 node with an obfuscated port not read.
 
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
@@ -15,7 +19,7 @@ use axum::body::Body;
 use axum::extract::ConnectInfo;
 use http::{HeaderName, HeaderValue, Request, Response};
 use tokio_ratelimit::http::{
-    Cidr, ClientIp, ClientKey, Header, HttpRateLimitLayer, KeyExtractor, Unidentified,
+    Cidr, ClientIp, ClientKey, Forwarding, Header, HttpRateLimitLayer, KeyExtractor, Unidentified,
 };
 use tokio_ratelimit::keyed::{AsyncKeyedLimiter, KeyedFunnel};
 use tokio_ratelimit::{Quota, Rate};
@@ -82,8 +86,14 @@ async fn status(svc: &Svc, r: Request<Body>) -> u16 {
 /// The proxy in front of the service, and the only network trusted.
 const PROXY: &str = "10.0.0.2:443";
 
+/// Behind proxies that write `X-Forwarded-For` (the default header read).
 fn behind_proxy() -> ClientIp {
     ClientIp::new().trust(["10.0.0.0/8"]).unwrap()
+}
+
+/// Behind proxies that write `forwarding`'s header.
+fn behind(forwarding: Forwarding) -> ClientIp {
+    behind_proxy().forwarded_by(forwarding)
 }
 
 // ---------------------------------------------------------------------
@@ -95,7 +105,6 @@ fn behind_proxy() -> ClientIp {
 /// `Forwarded` header through untouched; `ClientIp` reads `Forwarded` first,
 /// so the client names itself: a fresh key per request, or a victim's key.
 #[tokio::test(start_paused = true)]
-#[ignore = "finding 1: a client's own Forwarded header beats the trusted proxy's X-Forwarded-For"]
 async fn a_clients_own_forwarded_header_does_not_beat_the_proxys_x_forwarded_for() {
     let e = behind_proxy();
     // The proxy saw 203.0.113.5 and said so in X-Forwarded-For; the client
@@ -138,12 +147,13 @@ async fn a_clients_own_forwarded_header_does_not_beat_the_proxys_x_forwarded_for
 }
 
 /// The same with a proxy that writes `X-Real-IP` (nginx's
-/// `proxy_set_header X-Real-IP $remote_addr`): the client's own
-/// `X-Forwarded-For` passes through and is read first.
+/// `proxy_set_header X-Real-IP $remote_addr`), said with
+/// `forwarded_by(Forwarding::XRealIp)`: the client's own `X-Forwarded-For`,
+/// which the proxy passes through, is not read. (It was, first, before the
+/// fix.)
 #[tokio::test(start_paused = true)]
-#[ignore = "finding 2: a client's own X-Forwarded-For beats the trusted proxy's X-Real-IP"]
 async fn a_clients_own_x_forwarded_for_does_not_beat_the_proxys_x_real_ip() {
-    let e = behind_proxy();
+    let e = behind(Forwarding::XRealIp);
     let victim = || {
         request(
             Some(PROXY),
@@ -170,7 +180,6 @@ async fn a_clients_own_x_forwarded_for_does_not_beat_the_proxys_x_real_ip() {
 /// line one "not an address" hop: the address the trusted proxy appended,
 /// the rightmost, is never read, and the client is keyed as the proxy.
 #[tokio::test(start_paused = true)]
-#[ignore = "finding 3: a non-ASCII byte in the client's part of a line hides the proxy's hop"]
 async fn a_non_ascii_byte_left_of_the_proxys_hop_does_not_hide_it() {
     let e = behind_proxy();
     let xff = |client: &str| {
@@ -184,7 +193,10 @@ async fn a_non_ascii_byte_left_of_the_proxys_hop_does_not_hide_it() {
         v.extend_from_slice(b"203.0.113.5");
         request(Some(PROXY), &[("forwarded", &v)])
     };
-    assert_eq!(key_of(&e, fwd), ip_key("203.0.113.5"));
+    assert_eq!(
+        key_of(&behind(Forwarding::Forwarded), fwd),
+        ip_key("203.0.113.5")
+    );
     // Two clients doing it share one key: the proxy's.
     let svc = service(&HttpRateLimitLayer::new(one_per_key::<ClientKey>(), e));
     assert_eq!(status(&svc, xff("203.0.113.5")).await, 200);
@@ -201,9 +213,8 @@ async fn a_non_ascii_byte_left_of_the_proxys_hop_does_not_hide_it() {
 /// `Host`) names one client; split on `,` and `;` regardless of quotes, it
 /// names the client's pick.
 #[test]
-#[ignore = "finding 4: commas and semicolons inside a quoted Forwarded value split it"]
 fn a_quoted_forwarded_value_is_one_value() {
-    let e = behind_proxy();
+    let e = behind(Forwarding::Forwarded);
     for header in [
         r#"for=203.0.113.5;host="x,for=6.6.6.6""#,
         r#"for=203.0.113.5;host="x;for=6.6.6.6""#,
@@ -219,7 +230,6 @@ fn a_quoted_forwarded_value_is_one_value() {
 /// peer: `::ffff:10.0.0.2`) contains nothing, not even itself: the proxy is
 /// not trusted, and every client behind it is one key.
 #[tokio::test(start_paused = true)]
-#[ignore = "finding 5: a network written IPv4-mapped contains no address, not even itself"]
 async fn a_network_written_ipv4_mapped_contains_its_addresses() {
     let n: Cidr = "::ffff:10.0.0.2".parse().unwrap();
     let mapped: IpAddr = "::ffff:10.0.0.2".parse().unwrap();
@@ -241,9 +251,8 @@ async fn a_network_written_ipv4_mapped_contains_its_addresses() {
 /// (`"[2001:db8::1]:_abc"`), an IPv4 one is not: a proxy that obfuscates
 /// ports makes all its IPv4 clients one key, its own.
 #[test]
-#[ignore = "finding 6: an IPv4 node with an obfuscated port (RFC 7239 obfport) is not an address"]
 fn an_ipv4_node_with_an_obfuscated_port_is_its_address() {
-    let e = behind_proxy();
+    let e = behind(Forwarding::Forwarded);
     let r = request(
         Some(PROXY),
         &[("forwarded", br#"for="[2001:db8::1]:_abc""#)],
@@ -274,7 +283,8 @@ async fn x_forwarded_for_lines_are_one_chain_in_order() {
         )
     };
     assert_eq!(key_of(&e, r()), ip_key("203.0.113.5"));
-    // The same across Forwarded lines.
+    // The same across Forwarded lines, behind proxies that write them.
+    let e = e.forwarded_by(Forwarding::Forwarded);
     let f = request(
         Some(PROXY),
         &[
@@ -290,7 +300,12 @@ async fn x_forwarded_for_lines_are_one_chain_in_order() {
 /// one key, and one permit.
 #[tokio::test(start_paused = true)]
 async fn one_client_written_every_way_is_one_key() {
-    let e = behind_proxy();
+    // Each way read by an extractor for its header; one limiter.
+    let by = |name: &str| match name {
+        "forwarded" => behind(Forwarding::Forwarded),
+        "x-real-ip" => behind(Forwarding::XRealIp),
+        _ => behind_proxy(),
+    };
     let ways: [(&str, &str, &[u8]); 7] = [
         (PROXY, "x-forwarded-for", b"203.0.113.5"),
         (PROXY, "x-forwarded-for", b"203.0.113.5:5678"),
@@ -303,15 +318,16 @@ async fn one_client_written_every_way_is_one_key() {
     for (peer, name, value) in ways {
         let r = request(Some(peer), &[(name, value)]);
         assert_eq!(
-            key_of(&e, r),
+            key_of(&by(name), r),
             ip_key("203.0.113.5"),
             "{peer} {name}: {}",
             String::from_utf8_lossy(value)
         );
     }
-    let svc = service(&HttpRateLimitLayer::new(one_per_key::<ClientKey>(), e));
+    let limiter = one_per_key::<ClientKey>();
     let mut statuses = Vec::new();
     for (peer, name, value) in ways {
+        let svc = service(&HttpRateLimitLayer::new(limiter.clone(), by(name)));
         statuses.push(status(&svc, request(Some(peer), &[(name, value)])).await);
     }
     assert_eq!(statuses, [200, 429, 429, 429, 429, 429, 429]);
@@ -325,6 +341,7 @@ fn an_all_trusted_chain_is_keyed_by_its_leftmost_hop() {
     let e = behind_proxy();
     let r = request(Some(PROXY), &[("x-forwarded-for", b"10.0.0.7, 10.0.0.8")]);
     assert_eq!(key_of(&e, r), ip_key("10.0.0.7"));
+    let e = e.forwarded_by(Forwarding::Forwarded);
     let r = request(Some(PROXY), &[("forwarded", b"for=unknown, for=10.0.0.8")]);
     assert_eq!(key_of(&e, r), ip_key("10.0.0.8"));
     let r = request(Some(PROXY), &[("forwarded", b"for=_hidden")]);

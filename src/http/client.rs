@@ -5,7 +5,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::str::FromStr;
 use std::sync::Arc;
 
-use http::header::{HeaderName, HeaderValue};
+use http::header::HeaderName;
 
 /// The key a request is limited by: one client address (grouped by
 /// prefix), one value of a header (an API key), or one key for everyone.
@@ -167,6 +167,17 @@ impl FromStr for Cidr {
         if len > max {
             return Err(error());
         }
+        // An IPv4-mapped network (`::ffff:10.0.0.0/104`, as a dual-stack
+        // socket prints it) is the IPv4 network it maps, since addresses
+        // are compared as IPv4 (see `contains`).
+        if let Some(v4) = addr_mapped(addr)
+            && len >= 96
+        {
+            return Ok(Cidr {
+                network: mask(IpAddr::V4(v4), len - 96),
+                len: len - 96,
+            });
+        }
         Ok(Cidr {
             network: mask(addr, len),
             len,
@@ -201,6 +212,14 @@ fn mask(ip: IpAddr, len: u8) -> IpAddr {
     }
 }
 
+/// The IPv4 address an IPv4-mapped IPv6 address (`::ffff:1.2.3.4`) maps.
+fn addr_mapped(ip: IpAddr) -> Option<Ipv4Addr> {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped(),
+        IpAddr::V4(_) => None,
+    }
+}
+
 /// An IPv4-mapped IPv6 address (`::ffff:1.2.3.4`) as the IPv4 address it
 /// is, so that dual-stack sockets key an IPv4 client as IPv4.
 fn canonical(ip: IpAddr) -> IpAddr {
@@ -224,8 +243,11 @@ fn canonical(ip: IpAddr) -> IpAddr {
 /// client that could set `X-Forwarded-For` itself could pick a fresh
 /// identity per request. With [`trust`](Self::trust), a peer in a trusted
 /// network is a proxy: the client is found by walking the forwarded chain
-/// (`Forwarded: for=…`, RFC 7239, else `X-Forwarded-For`, else
-/// `X-Real-IP`) from the right, past every trusted hop, to the first
+/// of the one header the proxies write — `X-Forwarded-For` by default, or
+/// `Forwarded: for=…` (RFC 7239) or `X-Real-IP`, set with
+/// [`forwarded_by`](Self::forwarded_by); the others are ignored, since a
+/// client may send them itself and a proxy that does not write them passes
+/// them on — from the right, past every trusted hop, to the first
 /// address that is not trusted. A hop that is not an address (`unknown`,
 /// an obfuscated `_name`, garbage) ends the walk at the last trusted hop,
 /// which is then the key: a proxy that forwards for clients it cannot name
@@ -241,15 +263,34 @@ fn canonical(ip: IpAddr) -> IpAddr {
 #[derive(Debug, Clone)]
 pub struct ClientIp {
     trusted: Arc<[Cidr]>,
+    forwarding: Forwarding,
     ipv4_prefix: u8,
     ipv6_prefix: u8,
     max_hops: usize,
+}
+
+/// The forwarding header the trusted proxies in front of a service write,
+/// which [`ClientIp`] reads (see [`ClientIp::forwarded_by`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Forwarding {
+    /// `X-Forwarded-For`, to which each proxy appends the address it was
+    /// connected from (nginx's `$proxy_add_x_forwarded_for`, most load
+    /// balancers and CDNs). The default.
+    #[default]
+    XForwardedFor,
+    /// `Forwarded` (RFC 7239): the `for=` of each element, one per proxy.
+    Forwarded,
+    /// `X-Real-IP`, set (not appended) by the proxy to the address it was
+    /// connected from: one hop.
+    XRealIp,
 }
 
 impl Default for ClientIp {
     fn default() -> Self {
         ClientIp {
             trusted: Arc::new([]),
+            forwarding: Forwarding::default(),
             ipv4_prefix: 32,
             ipv6_prefix: 64,
             max_hops: 16,
@@ -280,6 +321,34 @@ impl ClientIp {
         }
         self.trusted = all.into();
         Ok(self)
+    }
+
+    /// The header the trusted proxies write, the only one read (default
+    /// [`Forwarding::XForwardedFor`]). Choose the one your proxies write:
+    /// another one, which they pass on as the client sent it, would let a
+    /// client pick its key.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::net::{IpAddr, Ipv4Addr};
+    /// use tokio_ratelimit::http::{ClientIp, Forwarding};
+    ///
+    /// let behind_nginx = ClientIp::new()
+    ///     .trust(["10.0.0.0/8"])
+    ///     .unwrap()
+    ///     .forwarded_by(Forwarding::XRealIp);
+    /// let mut headers = http::HeaderMap::new();
+    /// headers.insert("x-real-ip", "203.0.113.5".parse().unwrap());
+    /// // The client's own X-Forwarded-For, passed on by the proxy: ignored.
+    /// headers.insert("x-forwarded-for", "198.51.100.77".parse().unwrap());
+    /// let proxy = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2));
+    /// assert_eq!(behind_nginx.client(proxy, &headers), IpAddr::V4(Ipv4Addr::new(203, 0, 113, 5)));
+    /// ```
+    #[must_use]
+    pub fn forwarded_by(mut self, forwarding: Forwarding) -> ClientIp {
+        self.forwarding = forwarding;
+        self
     }
 
     /// How many leading bits of an IPv4 address make one key (default 32:
@@ -338,7 +407,7 @@ impl ClientIp {
         if !self.is_trusted(peer) {
             return peer;
         }
-        let hops = forwarded_hops(headers);
+        let hops = forwarded_hops(headers, self.forwarding);
         let mut client = peer;
         for hop in hops.iter().rev().take(self.max_hops) {
             let Some(ip) = hop else {
@@ -375,48 +444,82 @@ fn peer_addr(extensions: &http::Extensions) -> Option<SocketAddr> {
     None
 }
 
-/// The forwarded chain, leftmost (the original client) first: from
-/// `Forwarded` (every `for=` of every element), else `X-Forwarded-For`,
-/// else `X-Real-IP`. `None` marks a hop that is not an address.
-fn forwarded_hops(headers: &http::HeaderMap) -> Vec<Option<IpAddr>> {
-    let values = |name: &str| -> Vec<&HeaderValue> { headers.get_all(name).iter().collect() };
-    let forwarded = values("forwarded");
-    if !forwarded.is_empty() {
-        let mut hops = Vec::new();
-        for value in forwarded {
-            let Ok(value) = value.to_str() else {
-                hops.push(None);
-                continue;
-            };
-            for element in value.split(',') {
-                for pair in element.split(';') {
-                    if let Some((k, v)) = pair.trim().split_once('=') {
-                        if k.trim().eq_ignore_ascii_case("for") {
-                            hops.push(parse_hop(v.trim().trim_matches('"')));
-                        }
-                    }
-                }
+/// The forwarded chain of `forwarding`'s header, leftmost (the original
+/// client) first, over all its lines in order. `None` marks a hop that is
+/// not an address. Each hop is read on its own: bytes that are not text
+/// in one (a client's) make that hop `None`, not the line's others (a
+/// proxy's appended after it).
+fn forwarded_hops(headers: &http::HeaderMap, forwarding: Forwarding) -> Vec<Option<IpAddr>> {
+    let name = match forwarding {
+        Forwarding::XForwardedFor => "x-forwarded-for",
+        Forwarding::Forwarded => "forwarded",
+        Forwarding::XRealIp => "x-real-ip",
+    };
+    let mut hops = Vec::new();
+    for value in headers.get_all(name) {
+        let bytes = value.as_bytes();
+        if forwarding == Forwarding::Forwarded {
+            forwarded_for(bytes, &mut hops);
+        } else {
+            for hop in bytes.split(|&b| b == b',') {
+                hops.push(text(hop).and_then(|h| parse_hop(h.trim())));
             }
         }
-        return hops;
     }
-    for name in ["x-forwarded-for", "x-real-ip"] {
-        let list = values(name);
-        if !list.is_empty() {
-            return list
-                .into_iter()
-                .flat_map(|v| match v.to_str() {
-                    Ok(v) => v.split(',').map(|h| parse_hop(h.trim())).collect(),
-                    Err(_) => vec![None],
-                })
-                .collect();
-        }
-    }
-    Vec::new()
+    hops
 }
 
-/// One hop: `1.2.3.4`, `1.2.3.4:80`, `2001:db8::1`, `[2001:db8::1]:80`,
-/// `fe80::1%eth0` (the zone dropped).
+fn text(bytes: &[u8]) -> Option<&str> {
+    std::str::from_utf8(bytes).ok()
+}
+
+/// The `for=` values of one `Forwarded` line (RFC 7239: elements split by
+/// `,`, pairs by `;`, a value a token or a quoted string, in which `,`,
+/// `;` and `=` are text), pushed as hops in order. A value not closed by
+/// its quote is not an address.
+fn forwarded_for(line: &[u8], hops: &mut Vec<Option<IpAddr>>) {
+    let mut rest = line;
+    while !rest.is_empty() {
+        // One pair: up to the next `;` or `,` outside quotes.
+        let mut quoted = false;
+        let mut escaped = false;
+        let mut end = rest.len();
+        for (i, &b) in rest.iter().enumerate() {
+            if escaped {
+                escaped = false;
+            } else if quoted && b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                quoted = !quoted;
+            } else if !quoted && (b == b';' || b == b',') {
+                end = i;
+                break;
+            }
+        }
+        let pair = &rest[..end];
+        rest = rest.get(end + 1..).unwrap_or(&[]);
+        let Some(eq) = pair.iter().position(|&b| b == b'=') else {
+            continue;
+        };
+        let (key, value) = (pair[..eq].trim_ascii(), pair[eq + 1..].trim_ascii());
+        if !key.eq_ignore_ascii_case(b"for") {
+            continue;
+        }
+        let value = match value {
+            [b'"', inner @ .., b'"'] => inner,
+            [b'"', ..] => {
+                hops.push(None);
+                continue;
+            }
+            token => token,
+        };
+        hops.push(text(value).and_then(parse_hop));
+    }
+}
+
+/// One hop: `1.2.3.4`, `1.2.3.4:80`, `1.2.3.4:_port` (an obfuscated port,
+/// RFC 7239), `2001:db8::1`, `[2001:db8::1]:80`, `fe80::1%eth0` (the zone
+/// dropped).
 fn parse_hop(hop: &str) -> Option<IpAddr> {
     if let Ok(ip) = hop.parse::<IpAddr>() {
         return Some(ip);
@@ -424,15 +527,23 @@ fn parse_hop(hop: &str) -> Option<IpAddr> {
     if let Ok(addr) = hop.parse::<SocketAddr>() {
         return Some(addr.ip());
     }
-    let bare = hop
-        .strip_prefix('[')
-        .map_or(hop, |h| h.split(']').next().unwrap_or(h));
-    let bare = bare.split('%').next().unwrap_or(bare);
-    bare.parse().ok()
+    if let Some(bracketed) = hop.strip_prefix('[') {
+        let bare = bracketed.split(']').next().unwrap_or(bracketed);
+        return bare.split('%').next().unwrap_or(bare).parse().ok();
+    }
+    // IPv4 with a port of any kind: one colon.
+    if let Some((host, _port)) = hop.split_once(':')
+        && let Ok(v4) = host.parse::<Ipv4Addr>()
+    {
+        return Some(IpAddr::V4(v4));
+    }
+    hop.split('%').next().unwrap_or(hop).parse().ok()
 }
 
 #[cfg(test)]
 mod tests {
+    use http::HeaderValue;
+
     use super::*;
 
     fn headers(pairs: &[(&str, &str)]) -> http::HeaderMap {
@@ -497,19 +608,26 @@ mod tests {
         let h = headers(&[("x-forwarded-for", "6.6.6.6, 198.51.100.4, 192.168.1.1")]);
         assert_eq!(extractor.client(ip("10.0.0.2"), &h), ip("198.51.100.4"));
         // The client's own claim (6.6.6.6, leftmost) is not believed.
+        let by = |forwarding| extractor.clone().forwarded_by(forwarding);
         let h = headers(&[(
             "forwarded",
             r#"for=6.6.6.6, for="[2001:db8::7]:4711";proto=https, for=192.168.1.1"#,
         )]);
-        assert_eq!(extractor.client(ip("10.0.0.2"), &h), ip("2001:db8::7"));
+        let forwarded = by(Forwarding::Forwarded);
+        assert_eq!(forwarded.client(ip("10.0.0.2"), &h), ip("2001:db8::7"));
         let h = headers(&[("x-real-ip", "198.51.100.5")]);
-        assert_eq!(extractor.client(ip("10.0.0.2"), &h), ip("198.51.100.5"));
-        // Forwarded wins over X-Forwarded-For when both are there.
+        let real_ip = by(Forwarding::XRealIp);
+        assert_eq!(real_ip.client(ip("10.0.0.2"), &h), ip("198.51.100.5"));
+        // Only the header the proxies write is read: the others are the
+        // client's, passed on.
         let h = headers(&[
             ("forwarded", "for=198.51.100.6"),
             ("x-forwarded-for", "198.51.100.7"),
+            ("x-real-ip", "198.51.100.8"),
         ]);
-        assert_eq!(extractor.client(ip("10.0.0.2"), &h), ip("198.51.100.6"));
+        assert_eq!(extractor.client(ip("10.0.0.2"), &h), ip("198.51.100.7"));
+        assert_eq!(forwarded.client(ip("10.0.0.2"), &h), ip("198.51.100.6"));
+        assert_eq!(real_ip.client(ip("10.0.0.2"), &h), ip("198.51.100.8"));
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //! * **Who** — [`KeyExtractor`]s find a request's [`ClientKey`]: the
 //!   peer's address ([`ClientIp`]), or the client's address behind proxies
 //!   the service trusts (and only those: a client's own
-//!   `X-Forwarded-For` is ignored by default), IPv6 grouped by /64; a
+//!   `X-Forwarded-For` is ignored by default; behind them, only the one
+//!   header they write is read, [`Forwarding`]), IPv6 grouped by /64; a
 //!   header such as an API key ([`Header`]); one key for everyone
 //!   ([`Global`]); and one else another ([`KeyExtractor::or`]).
 //! * **What to answer** — [`HttpRateLimitLayer`]: `429` with `Retry-After`
@@ -39,5 +40,7 @@ mod client;
 mod headers;
 mod layer;
 
-pub use client::{Cidr, CidrError, ClientIp, ClientKey, Global, Header, KeyExtractor, Or};
+pub use client::{
+    Cidr, CidrError, ClientIp, ClientKey, Forwarding, Global, Header, KeyExtractor, Or,
+};
 pub use layer::{HttpRateLimit, HttpRateLimitLayer, ResponseFuture, Unidentified};
