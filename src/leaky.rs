@@ -92,6 +92,15 @@ impl LeakyBucketBuilder {
     /// [`capacity`](Self::capacity): a request is granted only when every
     /// band grants it. A quota of one band is the same as that rate and
     /// capacity. See [`Quota`].
+    ///
+    /// A known limit of the shaper with several bands: a waiter's water is
+    /// poured into every band at its turn (which keeps the output smooth
+    /// in each), so a band faster than the one that sets the turn reads the
+    /// wait before it as water. A shaped request then overflows once its
+    /// wait exceeds that band's depth (capacity ÷ rate), even with room
+    /// left in the queue, and [`level`](LeakyBucket::level) and the meter
+    /// count that wait as water (`tests/leaky_meet.rs`). With one band, or
+    /// bands of one depth, there is no such gap.
     pub fn quota(&mut self, quota: Quota) -> &mut Self {
         self.quota = Some(quota);
         self
@@ -177,9 +186,12 @@ impl LeakyBucket {
     /// with a place in the FIFO queue, where the shaper
     /// ([`acquire_many`](Self::acquire_many)) fails with `Overflow`. A
     /// request for room waits behind every request made before it, and
-    /// every request made after it (shaped, for room, or a meter's) waits
-    /// behind it: a large request is not starved by a stream of small ones
-    /// that keep the bucket nearly full. What the [`io`](crate::io)
+    /// every request made after it waits behind it (a shaped one or one for
+    /// room is released after it; a meter's finds its room taken): a large
+    /// request is not starved by a stream of small ones that keep the
+    /// bucket nearly full. (One that fits at once but waits behind a shaped
+    /// request has its room already: a meter's `try_acquire`, decided on
+    /// the water alone, may be granted while it waits.) What the [`io`](crate::io)
     /// wrappers pay with.
     ///
     /// While it waits its units are already poured (on credit): the water
